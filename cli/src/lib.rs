@@ -1,0 +1,1 @@
+//! The `quantshadow` command: collector, report, demo and benchmarks.

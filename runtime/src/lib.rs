@@ -1,0 +1,21 @@
+//! quantshadow runtime: the vendor-neutral engine.
+//!
+//! - [`formats`]: element and scale formats, exact decoders and encoders
+//! - [`problem`]: `GemmProblem`, the description every interposer fills
+//! - [`quantize`]: quantizers that make realistic test data
+//! - [`oracle`]: the host reference GEMM in f64, ground truth for everything else
+//! - [`metrics`] and [`thresholds`]: one definition of every metric and the pass/fail rules
+//! - [`record`]: records leaving the process and their FlatBuffers encoding
+//! - [`runfile`]: the append-only, CRC-framed run file
+//! - [`transport`]: framing, addresses and the non-blocking client
+
+pub mod formats;
+pub mod metrics;
+pub mod oracle;
+pub mod problem;
+pub mod quantize;
+pub mod record;
+pub mod rng;
+pub mod runfile;
+pub mod thresholds;
+pub mod transport;
