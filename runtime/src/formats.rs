@@ -135,7 +135,8 @@ impl MiniFloat {
     }
 }
 
-const E4M3FN: MiniFloat = MiniFloat { exp_bits: 4, man_bits: 3, bias: 7, signed: true, nan: NanRule::AllOnes };
+const E4M3FN: MiniFloat =
+    MiniFloat { exp_bits: 4, man_bits: 3, bias: 7, signed: true, nan: NanRule::AllOnes };
 const E4M3FNUZ: MiniFloat =
     MiniFloat { exp_bits: 4, man_bits: 3, bias: 8, signed: true, nan: NanRule::NegativeZero };
 const E5M2: MiniFloat = MiniFloat { exp_bits: 5, man_bits: 2, bias: 15, signed: true, nan: NanRule::Ieee };

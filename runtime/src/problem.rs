@@ -207,6 +207,28 @@ impl ScaleSpec {
         }
     }
 
+    /// Entry index of the scale covering element (outer, inner) of batch item `batch`, for an
+    /// operand of logical size `outer_extent x inner_extent`. The one place that maps an
+    /// element to its scale: the oracle, the quantizers and the kernels all go through it.
+    pub fn entry_for_element(
+        &self,
+        batch: u64,
+        outer: u64,
+        inner: u64,
+        outer_extent: u64,
+        inner_extent: u64,
+    ) -> u64 {
+        let (bo, bi) = self.granularity.block_shape(outer_extent, inner_extent);
+        let grid = self.granularity.grid(outer_extent, inner_extent);
+        batch * self.batch_stride + self.entry_index(outer / bo, inner / bi, grid)
+    }
+
+    /// Entries a scale buffer must hold for `batch` items.
+    pub fn required_entries(&self, outer_extent: u64, inner_extent: u64, batch: u64) -> u64 {
+        let grid = self.granularity.grid(outer_extent, inner_extent);
+        (batch.max(1) - 1) * self.batch_stride + self.entries_per_item(grid)
+    }
+
     /// Entries needed for one batch item of a grid (padding of the swizzled layout included).
     pub fn entries_per_item(&self, grid: (u64, u64)) -> u64 {
         let (go, gi) = grid;
@@ -345,8 +367,42 @@ pub struct GemmBuffers {
     pub amax_d: u64,
 }
 
+/// Values of the scalars that live in device memory, read by the caller before a host check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceScalarValues {
+    pub alpha: Option<f64>,
+    pub beta: Option<f64>,
+    pub a_tensor_scale: Option<f64>,
+    pub b_tensor_scale: Option<f64>,
+    pub d_scale: Option<f64>,
+}
+
+/// Every scalar of a problem as a number (absent optional scales are 1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedScalars {
+    pub alpha: f64,
+    pub beta: f64,
+    pub a_tensor_scale: f64,
+    pub b_tensor_scale: f64,
+    pub d_scale: f64,
+}
+
+/// Host copies of a call's inputs, laid out exactly as the problem describes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostInputs {
+    pub a: Vec<u8>,
+    pub b: Vec<u8>,
+    pub c: Option<Vec<u8>>,
+    pub a_scale: Option<Vec<u8>>,
+    pub b_scale: Option<Vec<u8>>,
+    pub bias: Option<Vec<u8>>,
+    pub device_scalars: DeviceScalarValues,
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProblemError {
+    #[error("scalar {what} lives in device memory and was not read")]
+    UnresolvedScalar { what: &'static str },
     #[error("{operand}: leading dimension {ld} is smaller than {min}")]
     LeadingDimension { operand: &'static str, ld: u64, min: u64 },
     #[error("{what} is zero")]
@@ -429,6 +485,36 @@ impl GemmProblem {
         batch * layout.batch_stride + layout.order.offset(i, j, layout.ld)
     }
 
+    /// Scale entry of op(A)(i, kk) (outer = M, inner = K).
+    #[inline]
+    pub fn a_scale_entry(&self, spec: &ScaleSpec, batch: u64, i: u64, kk: u64) -> u64 {
+        spec.entry_for_element(batch, i, kk, self.m, self.k)
+    }
+
+    /// Scale entry of op(B)(kk, j) (outer = N, inner = K).
+    #[inline]
+    pub fn b_scale_entry(&self, spec: &ScaleSpec, batch: u64, kk: u64, j: u64) -> u64 {
+        spec.entry_for_element(batch, j, kk, self.n, self.k)
+    }
+
+    /// All scalars as numbers: host values from the problem, device ones from `device`.
+    pub fn resolve_scalars(&self, device: &DeviceScalarValues) -> Result<ResolvedScalars, ProblemError> {
+        fn one(s: Option<&Scalar>, read: Option<f64>, what: &'static str) -> Result<f64, ProblemError> {
+            match s {
+                None => Ok(1.0),
+                Some(Scalar::Host(v)) => Ok(*v),
+                Some(Scalar::Device { .. }) => read.ok_or(ProblemError::UnresolvedScalar { what }),
+            }
+        }
+        Ok(ResolvedScalars {
+            alpha: one(Some(&self.alpha), device.alpha, "alpha")?,
+            beta: one(Some(&self.beta), device.beta, "beta")?,
+            a_tensor_scale: one(self.a_tensor_scale.as_ref(), device.a_tensor_scale, "a_tensor_scale")?,
+            b_tensor_scale: one(self.b_tensor_scale.as_ref(), device.b_tensor_scale, "b_tensor_scale")?,
+            d_scale: one(self.d_scale.as_ref(), device.d_scale, "d_scale")?,
+        })
+    }
+
     /// Format class used for thresholds: the narrowest of A and B.
     pub fn class(&self) -> crate::formats::FormatClass {
         self.a.format.class().max(self.b.format.class())
@@ -459,10 +545,18 @@ impl GemmProblem {
         }
         for (what, spec, outer) in [("a", &self.a_scale, self.m), ("b", &self.b_scale, self.n)] {
             let Some(spec) = spec else { continue };
-            if !matches!(spec.format, Format::F32 | Format::Bf16 | Format::F16 | Format::Ue8m0 | Format::Ue4m3) {
-                return Err(ProblemError::Scale { operand: what, reason: format!("format {} cannot hold scales", spec.format) });
+            if !matches!(
+                spec.format,
+                Format::F32 | Format::Bf16 | Format::F16 | Format::Ue8m0 | Format::Ue4m3
+            ) {
+                return Err(ProblemError::Scale {
+                    operand: what,
+                    reason: format!("format {} cannot hold scales", spec.format),
+                });
             }
-            if let ScaleGranularity::Block { outer: 0, .. } | ScaleGranularity::Block { inner: 0, .. } = spec.granularity {
+            if let ScaleGranularity::Block { outer: 0, .. } | ScaleGranularity::Block { inner: 0, .. } =
+                spec.granularity
+            {
                 return Err(ProblemError::Scale { operand: what, reason: "block size 0".into() });
             }
             if spec.storage == ScaleStorage::Swizzled128x4
@@ -480,7 +574,10 @@ impl GemmProblem {
                 ScaleStorage::Swizzled128x4 => 0,
             };
             if spec.ld != 0 && spec.ld < minor {
-                return Err(ProblemError::Scale { operand: what, reason: format!("ld {} < {}", spec.ld, minor) });
+                return Err(ProblemError::Scale {
+                    operand: what,
+                    reason: format!("ld {} < {}", spec.ld, minor),
+                });
             }
         }
         Ok(())
@@ -522,7 +619,8 @@ mod tests {
 
     #[test]
     fn swizzled_index_matches_cublas_tile_formula() {
-        let spec = ScaleSpec::new(ScaleGranularity::Mx32, Format::Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
+        let spec =
+            ScaleSpec::new(ScaleGranularity::Mx32, Format::Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
         let grid = (256, 8); // 256 rows, K = 256 -> 8 scale columns, 2 inner tiles
         assert_eq!(spec.entry_index(0, 0, grid), 0);
         assert_eq!(spec.entry_index(1, 0, grid), 16);

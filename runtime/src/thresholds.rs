@@ -56,10 +56,22 @@ pub enum ThresholdError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Violation {
     /// NaN/Inf in production that the reference does not have.
-    NonFinite { nan: u64, inf: u64 },
-    Cosine { value: f64, min: f64 },
-    Nmse { value: f64, max: f64 },
-    NormRatio { value: f64, tol: f64 },
+    NonFinite {
+        nan: u64,
+        inf: u64,
+    },
+    Cosine {
+        value: f64,
+        min: f64,
+    },
+    Nmse {
+        value: f64,
+        max: f64,
+    },
+    NormRatio {
+        value: f64,
+        tol: f64,
+    },
 }
 
 impl Violation {
@@ -95,7 +107,8 @@ impl Thresholds {
     /// Defaults overridden by the TOML text `text`; `origin` names it in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Thresholds, ThresholdError> {
         let parse_err = |message: String| ThresholdError::Parse { path: origin.to_string(), message };
-        let table: BTreeMap<String, toml::Value> = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+        let table: BTreeMap<String, toml::Value> =
+            toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
         let mut out = Thresholds::default();
         for (section, value) in table {
             let class = FormatClass::from_name(&section).ok_or_else(|| {
