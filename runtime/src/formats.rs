@@ -238,7 +238,7 @@ impl Format {
 
     /// Bytes needed for `count` elements (packed formats round up to whole bytes).
     pub fn bytes_for(self, count: usize) -> usize {
-        (count * self.bits() as usize).div_ceil(8)
+        count.saturating_mul(self.bits() as usize).div_ceil(8)
     }
 
     pub fn is_integer(self) -> bool {
@@ -334,13 +334,16 @@ impl Format {
         }
     }
 
-    /// Encodes `value` with round-to-nearest-even, saturating to +-max_finite (as quantization
-    /// kernels do with `satfinite`). NaN maps to the format's NaN code, or 0 where it has none.
+    /// Encodes `value` with round-to-nearest-even. The 4/8-bit and integer formats saturate to
+    /// +-max_finite (as quantization kernels do with `satfinite`); f32/f16/bf16 follow IEEE
+    /// (overflow to inf). NaN maps to the format's NaN code, or 0 where it has none.
     pub fn encode(self, value: f64) -> u32 {
         match self {
             Format::F32 => (value as f32).to_bits(),
-            Format::F16 => half::f16::from_f64(value).to_bits() as u32,
-            Format::Bf16 => half::bf16::from_f64(value).to_bits() as u32,
+            // Via f32 with round-to-odd: one correct rounding from f64 (half's from_f64 rounds
+            // twice on some CPUs and drops the low bits for bf16).
+            Format::F16 => half::f16::from_f32(f64_to_f32_round_to_odd(value)).to_bits() as u32,
+            Format::Bf16 => half::bf16::from_f32(f64_to_f32_round_to_odd(value)).to_bits() as u32,
             Format::Int8 | Format::Int4 | Format::I32 => {
                 if value.is_nan() {
                     return 0;
@@ -364,7 +367,7 @@ impl Format {
             return table.values.iter().position(|v| v.is_nan()).unwrap_or(0) as u32;
         }
         let signed = !matches!(self, Format::Ue8m0 | Format::Ue4m3);
-        let negative = value < 0.0 && signed;
+        let negative = value.is_sign_negative() && signed;
         let magnitude = if signed { value.abs() } else { value.max(0.0) };
         let sorted = &table.sorted_non_negative;
         // First entry >= magnitude; ties between neighbours go to the even code.
@@ -395,6 +398,21 @@ impl Format {
     fn sign_bit(self) -> u32 {
         1 << (self.bits() - 1)
     }
+}
+
+/// f64 -> f32 rounding to odd: a later f32 -> f16/bf16 round-to-nearest-even then equals a
+/// single correct rounding of the f64 (the f32 keeps a sticky bit below the narrow mantissa).
+fn f64_to_f32_round_to_odd(value: f64) -> f32 {
+    let nearest = value as f32;
+    if nearest as f64 == value || !value.is_finite() || nearest.is_infinite() {
+        return nearest;
+    }
+    let bits = nearest.to_bits();
+    if bits & 1 == 1 {
+        return nearest;
+    }
+    let away_from_zero = (nearest as f64).abs() < value.abs();
+    f32::from_bits(if away_from_zero { bits + 1 } else { bits - 1 })
 }
 
 impl fmt::Display for Format {

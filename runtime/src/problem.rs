@@ -411,6 +411,8 @@ pub enum ProblemError {
     NotElementFormat { operand: &'static str, format: Format },
     #[error("{operand} scale: {reason}")]
     Scale { operand: &'static str, reason: String },
+    #[error("{operand}: extents overflow (leading dimension or batch stride too large)")]
+    TooLarge { operand: &'static str },
     #[error("{operand}: packed 4-bit format needs an even leading dimension and batch stride")]
     PackedAlignment { operand: &'static str },
 }
@@ -527,7 +529,8 @@ impl GemmProblem {
                 return Err(ProblemError::EmptyDimension { what });
             }
         }
-        for (what, layout) in [("a", &self.a), ("b", &self.b), ("d", &self.d)] {
+        let c_layout = self.c.as_ref().map(|c| ("c", c));
+        for (what, layout) in [("a", &self.a), ("b", &self.b), ("d", &self.d)].into_iter().chain(c_layout) {
             if layout.format.is_scale_only() {
                 return Err(ProblemError::NotElementFormat { operand: what, format: layout.format });
             }
@@ -537,6 +540,22 @@ impl GemmProblem {
         }
         let (ar, ac) = self.a_stored_dims();
         let (br, bc) = self.b_stored_dims();
+        // Extents come from intercepted descriptors: make sure every offset fits in u64
+        // (2^62 leaves room for byte conversion) before anything indexes with them.
+        let mut extents = vec![("a", &self.a, ar, ac), ("b", &self.b, br, bc), ("d", &self.d, self.m, self.n)];
+        if let Some(c) = &self.c {
+            extents.push(("c", c, self.m, self.n));
+        }
+        for (what, layout, rows, cols) in extents {
+            let last = rows
+                .checked_sub(1)
+                .zip(cols.checked_sub(1))
+                .and_then(|(r, c)| r.max(c).checked_mul(layout.ld.max(1))?.checked_add(r.max(c)))
+                .and_then(|v| v.checked_add(layout.batch_stride.checked_mul(self.batch)?));
+            if last.is_none_or(|v| v > 1 << 62) {
+                return Err(ProblemError::TooLarge { operand: what });
+            }
+        }
         self.a.validate("a", ar, ac)?;
         self.b.validate("b", br, bc)?;
         self.d.validate("d", self.m, self.n)?;
