@@ -542,7 +542,8 @@ impl GemmProblem {
         let (br, bc) = self.b_stored_dims();
         // Extents come from intercepted descriptors: make sure every offset fits in u64
         // (2^62 leaves room for byte conversion) before anything indexes with them.
-        let mut extents = vec![("a", &self.a, ar, ac), ("b", &self.b, br, bc), ("d", &self.d, self.m, self.n)];
+        let mut extents =
+            vec![("a", &self.a, ar, ac), ("b", &self.b, br, bc), ("d", &self.d, self.m, self.n)];
         if let Some(c) = &self.c {
             extents.push(("c", c, self.m, self.n));
         }

@@ -5,13 +5,15 @@
 //! cosine_min = 0.9995
 //! nmse_max = 1e-3
 //! norm_ratio_tol = 0.01
+//! row_cosine_min = 0.99
+//! logits_kl_max = 1e-3
 //! ```
 //! Sections: `wide` (bf16/fp16/fp32), `fp8` (FP8/INT8), `fp4` (FP4/INT4/MXFP4/NVFP4); keys not
 //! given keep their defaults. Unknown sections or keys are errors, so a typo never silently
 //! loosens a check.
 
 use crate::formats::FormatClass;
-use crate::metrics::Metrics;
+use crate::metrics::{LogitsMetrics, Metrics};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,6 +25,11 @@ pub struct ClassThresholds {
     pub nmse_max: f64,
     /// Largest allowed |1 - norm ratio|.
     pub norm_ratio_tol: f64,
+    /// Lowest allowed cosine of the worst row: whole-tensor metrics dilute a few bad rows
+    /// (one wrong row in 4096 moves NMSE by ~5e-4), a per-row bound does not.
+    pub row_cosine_min: f64,
+    /// Largest allowed KL(ref || prod) in nats of a logits row (LM heads).
+    pub logits_kl_max: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,10 +43,30 @@ impl Default for Thresholds {
     fn default() -> Self {
         // Cosine bounds are DESIGN.md's; NMSE ~ 2 (1 - cosine) for an unbiased error, and the
         // norm-ratio bound catches magnitude bugs that cosine cannot see (the 2x fn/fnuz case).
+        // Per-row bounds are looser than whole-tensor ones: a row has fewer elements, so its
+        // honest rounding noise averages out less (and short rows are noisier still).
         Thresholds {
-            wide: ClassThresholds { cosine_min: 0.99999, nmse_max: 2e-5, norm_ratio_tol: 0.002 },
-            fp8: ClassThresholds { cosine_min: 0.999, nmse_max: 2e-3, norm_ratio_tol: 0.01 },
-            fp4: ClassThresholds { cosine_min: 0.995, nmse_max: 1e-2, norm_ratio_tol: 0.02 },
+            wide: ClassThresholds {
+                cosine_min: 0.99999,
+                nmse_max: 2e-5,
+                norm_ratio_tol: 0.002,
+                row_cosine_min: 0.9999,
+                logits_kl_max: 1e-4,
+            },
+            fp8: ClassThresholds {
+                cosine_min: 0.999,
+                nmse_max: 2e-3,
+                norm_ratio_tol: 0.01,
+                row_cosine_min: 0.99,
+                logits_kl_max: 1e-3,
+            },
+            fp4: ClassThresholds {
+                cosine_min: 0.995,
+                nmse_max: 1e-2,
+                norm_ratio_tol: 0.02,
+                row_cosine_min: 0.98,
+                logits_kl_max: 5e-3,
+            },
         }
     }
 }
@@ -72,6 +99,16 @@ pub enum Violation {
         value: f64,
         tol: f64,
     },
+    /// One row (token) is much worse than the whole: tile-boundary and row-indexing bugs.
+    WorstRow {
+        index: u64,
+        value: f64,
+        min: f64,
+    },
+    LogitsKl {
+        value: f64,
+        max: f64,
+    },
 }
 
 impl Violation {
@@ -90,6 +127,12 @@ impl Violation {
                     ""
                 };
                 format!("norm ratio {value:.4} is off by more than {tol}{hint}")
+            }
+            Violation::WorstRow { index, value, min } => {
+                format!("row {index} has cosine {value:.6}, below {min}")
+            }
+            Violation::LogitsKl { value, max } => {
+                format!("logits KL(ref||prod) {value:.3e} nats is above {max:.1e}")
             }
         }
     }
@@ -135,9 +178,15 @@ impl Thresholds {
                     "cosine_min" => return Err(parse_err(format!("[{section}] cosine_min {number} > 1"))),
                     "nmse_max" => target.nmse_max = number,
                     "norm_ratio_tol" => target.norm_ratio_tol = number,
+                    "row_cosine_min" if number <= 1.0 => target.row_cosine_min = number,
+                    "row_cosine_min" => {
+                        return Err(parse_err(format!("[{section}] row_cosine_min {number} > 1")))
+                    }
+                    "logits_kl_max" => target.logits_kl_max = number,
                     other => {
                         return Err(parse_err(format!(
-                            "[{section}] unknown key {other}; expected cosine_min, nmse_max, norm_ratio_tol"
+                            "[{section}] unknown key {other}; expected cosine_min, nmse_max, norm_ratio_tol, \
+                             row_cosine_min, logits_kl_max"
                         )))
                     }
                 }
@@ -171,7 +220,18 @@ impl Thresholds {
         if !((1.0 - metrics.norm_ratio).abs() <= t.norm_ratio_tol) {
             out.push(Violation::NormRatio { value: metrics.norm_ratio, tol: t.norm_ratio_tol });
         }
+        if let Some(row) = metrics.worst_row {
+            if !(row.cosine >= t.row_cosine_min) {
+                out.push(Violation::WorstRow { index: row.index, value: row.cosine, min: t.row_cosine_min });
+            }
+        }
         out
+    }
+
+    /// The rule for LM-head logits; None when they pass. NaN KL (non-finite logits) fails.
+    pub fn judge_logits(&self, class: FormatClass, logits: &LogitsMetrics) -> Option<Violation> {
+        let max = self.for_class(class).logits_kl_max;
+        (!(logits.kl <= max)).then_some(Violation::LogitsKl { value: logits.kl, max })
     }
 }
 
@@ -199,6 +259,33 @@ mod tests {
         assert!(Thresholds::from_toml_str("[fp8]\ncosin_min = 0.9\n", "t").is_err());
         assert!(Thresholds::from_toml_str("[fp8]\ncosine_min = \"x\"\n", "t").is_err());
         assert!(Thresholds::from_toml_str("[fp8\n", "t").is_err());
+    }
+
+    #[test]
+    fn one_bad_row_in_many_fails_on_the_row_bound_only() {
+        let (rows, cols) = (4096, 16);
+        let r: Vec<f64> = (0..rows * cols).map(|i| ((i * 7919) % 104729) as f64 / 104729.0 - 0.5).collect();
+        let mut p = r.clone();
+        for v in &mut p[1000 * cols..1001 * cols] {
+            *v = -*v;
+        }
+        let m = compare_matrix(&p, &r, rows, cols);
+        let v = Thresholds::default().judge(FormatClass::Fp8, &m);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(matches!(v[0], Violation::WorstRow { index: 1000, .. }));
+    }
+
+    #[test]
+    fn logits_kl_bound() {
+        let t = Thresholds::default();
+        let ok = LogitsMetrics { kl: 1e-6, top1_agree: true, topk_overlap: 1.0, k: 5 };
+        assert!(t.judge_logits(FormatClass::Fp8, &ok).is_none());
+        let bad = LogitsMetrics { kl: 0.5, ..ok };
+        assert!(matches!(t.judge_logits(FormatClass::Fp8, &bad), Some(Violation::LogitsKl { .. })));
+        let nan = LogitsMetrics { kl: f64::NAN, ..ok };
+        assert!(t.judge_logits(FormatClass::Fp8, &nan).is_some());
+        assert!(Thresholds::from_toml_str("[fp8]\nlogits_kl_max = 0.1\nrow_cosine_min = 0.5\n", "t").is_ok());
+        assert!(Thresholds::from_toml_str("[fp8]\nrow_cosine_min = 1.5\n", "t").is_err());
     }
 
     #[test]

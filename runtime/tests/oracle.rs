@@ -1498,25 +1498,29 @@ fn invalid_problems_and_hostile_sizes_are_errors() {
     huge_ld.a.ld = u64::MAX / 2;
     assert!(matches!(
         expect_err(&huge_ld, &built.inputs),
-        OracleError::SizeOverflow { operand: "a" } | OracleError::Problem(ProblemError::TooLarge { operand: "a" })
+        OracleError::SizeOverflow { operand: "a" }
+            | OracleError::Problem(ProblemError::TooLarge { operand: "a" })
     ));
     let mut huge_stride = built.problem.clone();
     huge_stride.b.batch_stride = u64::MAX - 3;
     assert!(matches!(
         expect_err(&huge_stride, &built.inputs),
-        OracleError::SizeOverflow { operand: "b" } | OracleError::Problem(ProblemError::TooLarge { operand: "b" })
+        OracleError::SizeOverflow { operand: "b" }
+            | OracleError::Problem(ProblemError::TooLarge { operand: "b" })
     ));
     let mut huge_scale = built.problem.clone();
     huge_scale.a_scale.as_mut().unwrap().batch_stride = u64::MAX - 1;
     assert!(matches!(
         expect_err(&huge_scale, &built.inputs),
-        OracleError::SizeOverflow { operand: "a_scale" } | OracleError::Problem(ProblemError::TooLarge { operand: "a" })
+        OracleError::SizeOverflow { operand: "a_scale" }
+            | OracleError::Problem(ProblemError::TooLarge { operand: "a" })
     ));
     let mut huge_d = built.problem.clone();
     huge_d.d.ld = u64::MAX;
     assert!(matches!(
         decode_output(&huge_d, &[0; 64]),
-        Err(OracleError::SizeOverflow { operand: "d" }) | Err(OracleError::Problem(ProblemError::TooLarge { operand: "d" }))
+        Err(OracleError::SizeOverflow { operand: "d" })
+            | Err(OracleError::Problem(ProblemError::TooLarge { operand: "d" }))
     ));
 
     // An output too large to allocate from tiny inputs (broadcast over a huge batch) is an error
@@ -1529,7 +1533,8 @@ fn invalid_problems_and_hostile_sizes_are_errors() {
         let x = inputs(vec![1; 4096], vec![1; 4096]);
         assert!(matches!(
             reference_gemm(&wide, &x, &options),
-            Err(OracleError::TooLarge { what: "d", .. }) | Err(OracleError::Problem(ProblemError::TooLarge { operand: "d" }))
+            Err(OracleError::TooLarge { what: "d", .. })
+                | Err(OracleError::Problem(ProblemError::TooLarge { operand: "d" }))
         ));
     }
 }

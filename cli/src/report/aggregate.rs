@@ -438,7 +438,8 @@ impl SiteAcc {
 
         // Judged with the call's own class: the class is part of the site identity, but a
         // record is the authority on what was checked.
-        let violations = thresholds.judge(obs.problem.class(), metrics);
+        let mut violations = thresholds.judge(obs.problem.class(), metrics);
+        violations.extend(obs.logits.as_ref().and_then(|l| thresholds.judge_logits(obs.problem.class(), l)));
         let failed = !violations.is_empty();
         let nonfinite = metrics.introduced_nonfinite() > 0;
         self.calls_checked += 1;

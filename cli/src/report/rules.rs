@@ -138,6 +138,12 @@ pub fn describe_violation(violation: &Violation) -> String {
             };
             format!("norm ratio {} is off by more than {tol}{factor}", text::ratio(value))
         }
+        Violation::WorstRow { index, value, min } => {
+            format!("row {index} has cosine {}, below the per-row bound {min}", text::cosine(value))
+        }
+        Violation::LogitsKl { value, max } => {
+            format!("logits KL(ref||prod) {} nats is above {}", text::sci(value), text::sci(max))
+        }
     }
 }
 
