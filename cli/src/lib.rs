@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod collect;
 pub mod demo;
+pub mod fixture;
 pub mod report;
 
 /// Exit codes shared by every subcommand.
