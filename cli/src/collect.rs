@@ -1,10 +1,772 @@
-//! Placeholder: filled in by its own change.
+//! `quantshadow collect`: receives records from instrumented processes and appends them to a
+//! run file.
+//!
+//! One acceptor thread, one thread per connection, one writer thread. Connection threads read
+//! frames in bulk, validate each payload by decoding it (garbage never reaches the run file;
+//! decoding also feeds the session/site counters of the status line), and hand whole batches
+//! of run-file frames (CRC computed there, in parallel) to the writer over a bounded channel.
+//! When the writer falls behind, connection threads block on that channel, the sockets fill,
+//! and the clients drop records on their side: the collector's memory stays bounded.
+//!
+//! The in-process API ([`Collector`]) serves the demo, the tests and the benchmarks.
+
+use quantshadow_runtime::record::{self, Record};
+use quantshadow_runtime::runfile::{FrameBatch, Recovery, RunFileError, RunWriter};
+use quantshadow_runtime::thresholds::Thresholds;
+use quantshadow_runtime::transport::{default_address, Address, FrameError, FrameReader};
+use std::collections::HashSet;
+use std::io::{self, IsTerminal};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Where to listen: unix:PATH, tcp:HOST:PORT, or a socket path
+    /// [default: unix:$XDG_RUNTIME_DIR/quantshadow.sock, else unix:/tmp/quantshadow-$UID.sock]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<Address>,
+    /// Run file to append to; created if missing, a torn tail left by a crash is cut off
+    #[arg(long, value_name = "FILE.qsr", default_value = "quantshadow.qsr")]
+    pub out: PathBuf,
+    /// No status line and no summary (warnings are still logged)
+    #[arg(long)]
+    pub quiet: bool,
+    /// Connections served at once; further ones are refused
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_clients: usize,
+}
 
-pub fn main(_args: Args) -> ExitCode {
-    eprintln!("quantshadow collect: not built yet");
-    ExitCode::from(crate::exit::BAD_INPUT)
+pub fn main(args: Args) -> ExitCode {
+    let listen = args.listen.clone().unwrap_or_else(default_address);
+    install_signal_handlers();
+    let options = CollectOptions { max_clients: args.max_clients.max(1), ..CollectOptions::default() };
+    let collector = match Collector::start_with(&listen, &args.out, options) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quantshadow collect: {e}");
+            return ExitCode::from(crate::exit::BAD_INPUT);
+        }
+    };
+    tracing::info!("listening on {}, appending to {}", collector.local_address(), args.out.display());
+    let status = (!args.quiet && io::stderr().is_terminal()).then(StatusLine::new);
+    let mut status = status;
+    while !STOP.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(100));
+        if let Some(s) = &mut status {
+            s.update(&collector.stats());
+        }
+    }
+    if let Some(s) = status {
+        s.finish();
+    }
+    let summary = collector.shutdown();
+    if !args.quiet {
+        let st = &summary.stats;
+        eprintln!(
+            "quantshadow collect: {} records ({} sessions, {} sites, {} failing) from {} connections \
+             appended to {} in {:.1} s{}",
+            st.records,
+            st.sessions,
+            st.sites,
+            st.failing_sites,
+            st.clients,
+            summary.out.display(),
+            summary.elapsed.as_secs_f64(),
+            if st.bad_clients > 0 {
+                format!("; {} bad clients disconnected", st.bad_clients)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(e) = &summary.error {
+        eprintln!("quantshadow collect: {e}");
+    }
+    if summary.error.is_some() || summary.stats.lost_records > 0 {
+        ExitCode::from(crate::exit::FAILED)
+    } else {
+        ExitCode::from(crate::exit::OK)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // A second signal means the clean shutdown itself is stuck: leave now.
+    if STOP.swap(true, Ordering::SeqCst) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid starting point; the handler only touches an
+        // atomic and calls _exit, both async-signal-safe. SA_RESTART keeps the worker threads'
+        // blocking calls from failing with EINTR.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+struct StatusLine {
+    bar: indicatif::ProgressBar,
+    last: Instant,
+    last_records: u64,
+}
+
+impl StatusLine {
+    fn new() -> StatusLine {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("static template"));
+        StatusLine { bar, last: Instant::now(), last_records: 0 }
+    }
+
+    fn update(&mut self, st: &CollectStats) {
+        let dt = self.last.elapsed().as_secs_f64();
+        if dt < 0.5 {
+            self.bar.tick();
+            return;
+        }
+        let rate = (st.records - self.last_records) as f64 / dt;
+        self.last = Instant::now();
+        self.last_records = st.records;
+        self.bar.set_message(format!(
+            "{} records ({:.0}/s), {} sessions, {} sites, {} failing sites, {} clients",
+            st.records, rate, st.sessions, st.sites, st.failing_sites, st.active_clients
+        ));
+    }
+
+    fn finish(self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process collector
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("cannot listen on {address}: {source}")]
+    Listen { address: String, source: io::Error },
+    #[error("another collector is already listening on {0}")]
+    InUse(String),
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(String),
+    #[error("cannot listen on a file: address ({0}); use unix:PATH or tcp:HOST:PORT")]
+    FileAddress(String),
+    #[error(transparent)]
+    RunFile(#[from] RunFileError),
+    #[error("cannot start a thread: {0}")]
+    Thread(io::Error),
+}
+
+#[derive(Debug, Clone)]
+pub struct CollectOptions {
+    /// Connections served at once; further ones are closed at once (and counted).
+    pub max_clients: usize,
+    /// Decode every payload (rejecting clients that send garbage) and count sessions, sites
+    /// and failing sites. `false` stores frames unchecked: for measuring the transport alone.
+    pub validate: bool,
+    /// Decides which observations make a site "failing" in the counters.
+    pub thresholds: Thresholds,
+}
+
+impl Default for CollectOptions {
+    fn default() -> Self {
+        CollectOptions { max_clients: 256, validate: true, thresholds: Thresholds::default() }
+    }
+}
+
+/// Counters of a running collector.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CollectStats {
+    /// Records appended to the run file by this collector.
+    pub records: u64,
+    /// Bytes handed to the run file (frame headers included).
+    pub bytes: u64,
+    /// Distinct session ids seen.
+    pub sessions: u64,
+    /// Distinct (session, site) pairs seen in observations.
+    pub sites: u64,
+    /// Sites with at least one observation failing the thresholds (metrics or logits).
+    pub failing_sites: u64,
+    /// Connections accepted.
+    pub clients: u64,
+    /// Connections open now.
+    pub active_clients: u64,
+    /// Connections closed for sending malformed frames or undecodable records.
+    pub bad_clients: u64,
+    /// Connections refused because `max_clients` were open.
+    pub refused_clients: u64,
+    /// Records lost to write errors on the run file.
+    pub lost_records: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct CollectSummary {
+    pub stats: CollectStats,
+    /// What was found in the run file at startup.
+    pub recovery: Recovery,
+    pub out: PathBuf,
+    pub elapsed: Duration,
+    /// The final flush/sync failed.
+    pub error: Option<String>,
+}
+
+/// Appended-record batches are handed over at this size (or when a connection goes quiet).
+const BATCH_BYTES: usize = 128 << 10;
+/// Batches in flight to the writer; beyond, connection threads wait (backpressure).
+const WRITER_QUEUE: usize = 32;
+/// How often blocked threads look at the stop flag.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// After stop, how long a connection is read until it goes quiet.
+const DRAIN_READ_TIMEOUT: Duration = Duration::from_millis(20);
+/// After stop, the longest a busy connection is still read.
+const DRAIN_MAX: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct Catalog {
+    sessions: HashSet<u64>,
+    sites: HashSet<(u64, u64)>,
+    failing: HashSet<(u64, u64)>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    stop_at: Mutex<Option<Instant>>,
+    options: CollectOptions,
+    catalog: Mutex<Catalog>,
+    appended: AtomicU64,
+    bytes: AtomicU64,
+    clients: AtomicU64,
+    active: AtomicU64,
+    bad: AtomicU64,
+    refused: AtomicU64,
+    lost: AtomicU64,
+    conns: Mutex<Vec<JoinHandle<()>>>,
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl io::Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Stream {
+    fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(Some(t)),
+            Stream::Tcp(s) => s.set_read_timeout(Some(t)),
+        }
+    }
+}
+
+/// A running collector. Dropping it shuts it down like [`Collector::shutdown`].
+pub struct Collector {
+    shared: Arc<Shared>,
+    local: Address,
+    out: PathBuf,
+    recovery: Recovery,
+    started: Instant,
+    acceptor: Option<JoinHandle<()>>,
+    writer: Option<JoinHandle<Result<(), RunFileError>>>,
+    /// Socket file to remove at shutdown, with its inode so that a socket another collector
+    /// created at the same path later is left alone.
+    socket_file: Option<(PathBuf, u64)>,
+}
+
+impl Collector {
+    pub fn start(listen: &Address, out: &Path) -> Result<Collector, CollectError> {
+        Collector::start_with(listen, out, CollectOptions::default())
+    }
+
+    pub fn start_with(
+        listen: &Address,
+        out: &Path,
+        options: CollectOptions,
+    ) -> Result<Collector, CollectError> {
+        if let Address::File(p) = listen {
+            return Err(CollectError::FileAddress(p.display().to_string()));
+        }
+        // Open the run file first: a bad output file should not leave a socket behind.
+        let (writer, recovery) = RunWriter::open_append(out)?;
+        if let Some(t) = &recovery.torn_tail {
+            tracing::warn!(
+                "{}: {t}; cut {} bytes, {} earlier records intact, appending after them",
+                out.display(),
+                recovery.bytes_truncated,
+                recovery.records_intact
+            );
+        } else if recovery.records_intact > 0 {
+            tracing::info!("{}: appending after {} existing records", out.display(), recovery.records_intact);
+        }
+        let (listener, local, socket_file) = bind(listen)?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            stop_at: Mutex::new(None),
+            options,
+            catalog: Mutex::new(Catalog::default()),
+            appended: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            clients: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            bad: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            conns: Mutex::new(Vec::new()),
+        });
+        let (tx, rx) = mpsc::sync_channel::<FrameBatch>(WRITER_QUEUE);
+        let cleanup = |socket_file: &Option<(PathBuf, u64)>| {
+            if let Some((p, ino)) = socket_file {
+                remove_socket_file(p, *ino);
+            }
+        };
+        let writer = {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name("qs-collect-writer".into())
+                .spawn(move || writer_loop(writer, rx, &shared))
+                .map_err(|e| {
+                    cleanup(&socket_file);
+                    CollectError::Thread(e)
+                })?
+        };
+        let acceptor = {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name("qs-collect-accept".into())
+                .spawn(move || accept_loop(listener, tx, &shared))
+        };
+        let acceptor = match acceptor {
+            Ok(a) => a,
+            Err(e) => {
+                // The writer exits once its channel's only sender (moved into the failed
+                // closure, now dropped) is gone.
+                let _ = writer.join();
+                cleanup(&socket_file);
+                return Err(CollectError::Thread(e));
+            }
+        };
+        Ok(Collector {
+            shared,
+            local,
+            out: out.to_path_buf(),
+            recovery,
+            started: Instant::now(),
+            acceptor: Some(acceptor),
+            writer: Some(writer),
+            socket_file,
+        })
+    }
+
+    /// The address clients should use (the real port for `tcp:...:0`).
+    pub fn local_address(&self) -> &Address {
+        &self.local
+    }
+
+    /// What was found in the run file at startup.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    pub fn stats(&self) -> CollectStats {
+        let s = &*self.shared;
+        let (sessions, sites, failing) = {
+            let c = s.catalog.lock().unwrap_or_else(|e| e.into_inner());
+            (c.sessions.len() as u64, c.sites.len() as u64, c.failing.len() as u64)
+        };
+        CollectStats {
+            records: s.appended.load(Ordering::Relaxed).saturating_sub(s.lost.load(Ordering::Relaxed)),
+            bytes: s.bytes.load(Ordering::Relaxed),
+            sessions,
+            sites,
+            failing_sites: failing,
+            clients: s.clients.load(Ordering::Relaxed),
+            active_clients: s.active.load(Ordering::Relaxed),
+            bad_clients: s.bad.load(Ordering::Relaxed),
+            refused_clients: s.refused.load(Ordering::Relaxed),
+            lost_records: s.lost.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops accepting, reads what connected clients already sent (until each goes quiet, at
+    /// most about a second), writes and fsyncs the run file, removes the socket file.
+    pub fn shutdown(mut self) -> CollectSummary {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> CollectSummary {
+        let s = &*self.shared;
+        *s.stop_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        s.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        // The acceptor has exited, so no connection thread is added after this.
+        let conns = std::mem::take(&mut *s.conns.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in conns {
+            let _ = c.join();
+        }
+        let error = match self.writer.take().map(|w| w.join()) {
+            Some(Ok(Ok(()))) | None => None,
+            Some(Ok(Err(e))) => Some(e.to_string()),
+            Some(Err(_)) => Some("the writer thread panicked; the run file may lack the last records".into()),
+        };
+        if let Some((p, ino)) = self.socket_file.take() {
+            remove_socket_file(&p, ino);
+        }
+        CollectSummary {
+            stats: self.stats(),
+            recovery: self.recovery.clone(),
+            out: self.out.clone(),
+            elapsed: self.started.elapsed(),
+            error,
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        if self.acceptor.is_some() || self.writer.is_some() {
+            self.stop();
+        }
+    }
+}
+
+/// Serialises the umask change around `bind`: umask is per process, and two threads swapping
+/// it concurrently could leave it changed for good.
+static UMASK_LOCK: Mutex<()> = Mutex::new(());
+
+/// A listening socket, the address clients use, and the socket file to remove at shutdown.
+type Bound = (Listener, Address, Option<(PathBuf, u64)>);
+
+fn bind(listen: &Address) -> Result<Bound, CollectError> {
+    let listen_err = |source| CollectError::Listen { address: listen.to_string(), source };
+    match listen {
+        Address::Unix(path) => {
+            let name = path.display().to_string();
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
+                    Ok(_) => return Err(CollectError::InUse(listen.to_string())),
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        tracing::info!("removing stale socket {name}");
+                        std::fs::remove_file(path).map_err(listen_err)?;
+                    }
+                    Err(e) => return Err(listen_err(e)),
+                },
+                Ok(_) => return Err(CollectError::NotASocket(name)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(listen_err(e)),
+            }
+            let listener = {
+                let _guard = UMASK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                // SAFETY: umask has no preconditions; the old mask is restored right after.
+                let old = unsafe { libc::umask(0o177) };
+                let r = UnixListener::bind(path);
+                // SAFETY: as above.
+                unsafe { libc::umask(old) };
+                r.map_err(listen_err)?
+            };
+            // Records reveal model structure: only the owner may connect (also set explicitly
+            // in case the file system ignores the umask).
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
+            let ino = std::fs::symlink_metadata(path).map_err(listen_err)?.ino();
+            listener.set_nonblocking(true).map_err(listen_err)?;
+            Ok((Listener::Unix(listener), listen.clone(), Some((path.clone(), ino))))
+        }
+        Address::Tcp { host, port } => {
+            let listener = TcpListener::bind((host.as_str(), *port)).map_err(listen_err)?;
+            let local = listener.local_addr().map_err(listen_err)?;
+            listener.set_nonblocking(true).map_err(listen_err)?;
+            let local = Address::Tcp { host: local.ip().to_string(), port: local.port() };
+            Ok((Listener::Tcp(listener), local, None))
+        }
+        Address::File(p) => Err(CollectError::FileAddress(p.display().to_string())),
+    }
+}
+
+fn remove_socket_file(path: &Path, ino: u64) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino && m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes.
+fn wait_readable(fd: RawFd, timeout: Duration) {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd; EINTR just ends the wait early.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+}
+
+fn accept_loop(listener: Listener, tx: SyncSender<FrameBatch>, shared: &Arc<Shared>) {
+    let fd = match &listener {
+        Listener::Unix(l) => l.as_raw_fd(),
+        Listener::Tcp(l) => l.as_raw_fd(),
+    };
+    let mut next_id = 0u64;
+    while !shared.stop.load(Ordering::SeqCst) {
+        wait_readable(fd, POLL_INTERVAL);
+        let accepted = match &listener {
+            Listener::Unix(l) => l.accept().map(|(s, _)| {
+                let peer = peer_pid(&s).map_or_else(|| "unix peer".to_string(), |pid| format!("pid {pid}"));
+                (Stream::Unix(s), peer)
+            }),
+            Listener::Tcp(l) => l.accept().map(|(s, a)| (Stream::Tcp(s), a.to_string())),
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
+            Err(e) => {
+                // EMFILE and friends: keep serving the connections we have.
+                tracing::warn!("accept failed: {e}");
+                thread::sleep(POLL_INTERVAL);
+                continue;
+            }
+        };
+        let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|h| !h.is_finished());
+        if conns.len() >= shared.options.max_clients {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("refusing connection from {peer}: {} clients already connected", conns.len());
+            continue;
+        }
+        next_id += 1;
+        let label = format!("client {next_id} ({peer})");
+        let (tx, sh) = (tx.clone(), shared.clone());
+        shared.clients.fetch_add(1, Ordering::Relaxed);
+        shared.active.fetch_add(1, Ordering::Relaxed);
+        match thread::Builder::new().name(format!("qs-collect-{next_id}")).spawn(move || {
+            serve(stream, &label, &tx, &sh);
+            sh.active.fetch_sub(1, Ordering::Relaxed);
+        }) {
+            Ok(h) => conns.push(h),
+            Err(e) => {
+                shared.active.fetch_sub(1, Ordering::Relaxed);
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("refusing connection from {peer}: cannot start a thread: {e}");
+            }
+        }
+    }
+}
+
+fn peer_pid(s: &UnixStream) -> Option<i32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` holds the buffer size.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+/// Per-connection view of the catalog: new keys are merged into the shared one once per batch,
+/// so the shared lock is taken per batch, not per record.
+#[derive(Default)]
+struct LocalCatalog {
+    seen: Catalog,
+    new_sessions: Vec<u64>,
+    new_sites: Vec<(u64, u64)>,
+    new_failing: Vec<(u64, u64)>,
+}
+
+impl LocalCatalog {
+    fn note(&mut self, rec: &Record, thresholds: &Thresholds) {
+        let session = rec.session_id();
+        if self.seen.sessions.insert(session) {
+            self.new_sessions.push(session);
+        }
+        if let Record::Observation(o) = rec {
+            let key = (o.session_id, o.site_id);
+            if self.seen.sites.insert(key) {
+                self.new_sites.push(key);
+            }
+            // The report's rules: the metrics, and the logits of an LM head.
+            let class = o.problem.class();
+            let failing = o.metrics.as_ref().is_some_and(|m| !thresholds.judge(class, m).is_empty())
+                || o.logits.as_ref().is_some_and(|l| thresholds.judge_logits(class, l).is_some());
+            if failing && self.seen.failing.insert(key) {
+                self.new_failing.push(key);
+            }
+        }
+    }
+
+    fn merge_into(&mut self, shared: &Mutex<Catalog>) {
+        if self.new_sessions.is_empty() && self.new_sites.is_empty() && self.new_failing.is_empty() {
+            return;
+        }
+        let mut c = shared.lock().unwrap_or_else(|e| e.into_inner());
+        c.sessions.extend(self.new_sessions.drain(..));
+        c.sites.extend(self.new_sites.drain(..));
+        c.failing.extend(self.new_failing.drain(..));
+    }
+}
+
+/// Why a connection ended.
+enum End {
+    /// Clean end of stream, or stopped.
+    Done,
+    /// Lost mid-frame or by an I/O error: a client that died, not a bad one.
+    Lost(String),
+    /// Protocol violation: counted as a bad client.
+    Bad(String),
+    /// The writer is gone; nothing more can be stored.
+    WriterGone,
+}
+
+fn serve(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shared) {
+    let end = serve_frames(stream, tx, shared);
+    match end {
+        End::Done | End::WriterGone => tracing::debug!("{label}: disconnected"),
+        End::Lost(why) => tracing::debug!("{label}: connection lost: {why}"),
+        End::Bad(why) => {
+            shared.bad.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("{label}: {why}; disconnecting it");
+        }
+    }
+}
+
+fn serve_frames(stream: Stream, tx: &SyncSender<FrameBatch>, shared: &Shared) -> End {
+    if let Err(e) = stream.set_read_timeout(POLL_INTERVAL) {
+        return End::Lost(format!("cannot set a read timeout: {e}"));
+    }
+    let mut reader = FrameReader::new(stream);
+    let mut batch = FrameBatch::with_capacity(BATCH_BYTES + 4096);
+    let mut catalog = LocalCatalog::default();
+    let mut draining_until: Option<Instant> = None;
+    let mut received = 0u64;
+    let validate = shared.options.validate;
+    let hand_over = |batch: &mut FrameBatch, catalog: &mut LocalCatalog| -> bool {
+        catalog.merge_into(&shared.catalog);
+        if batch.is_empty() {
+            return true;
+        }
+        let full = std::mem::replace(batch, FrameBatch::with_capacity(BATCH_BYTES + 4096));
+        tx.send(full).is_ok()
+    };
+    let end = loop {
+        // About to read from the socket (which may wait): pass on what we have first, so a
+        // quiet client's records reach the file promptly.
+        if !reader.has_buffered_frame() && !hand_over(&mut batch, &mut catalog) {
+            break End::WriterGone;
+        }
+        if draining_until.is_none() && shared.stop.load(Ordering::Relaxed) {
+            let stop_at =
+                shared.stop_at.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now);
+            draining_until = Some(stop_at + DRAIN_MAX);
+            let _ = reader.get_ref().set_read_timeout(DRAIN_READ_TIMEOUT);
+        }
+        if draining_until.is_some_and(|t| Instant::now() >= t) {
+            break End::Done;
+        }
+        let payload = match reader.next_frame() {
+            Ok(Some(p)) => p,
+            Ok(None) => break End::Done,
+            Err(e) if e.is_timeout() => {
+                if draining_until.is_some() {
+                    // Quiet after stop: everything it sent before has been read.
+                    break End::Done;
+                }
+                continue;
+            }
+            Err(e @ (FrameError::Oversize { .. } | FrameError::Empty)) => {
+                break End::Bad(format!("malformed frame after {received} records: {e}"))
+            }
+            Err(e @ (FrameError::Truncated { .. } | FrameError::Io(_))) => break End::Lost(e.to_string()),
+        };
+        if validate {
+            match record::decode(payload) {
+                Ok(rec) => catalog.note(&rec, &shared.options.thresholds),
+                Err(e) => {
+                    break End::Bad(format!("record {received} is not a valid quantshadow record: {e}"))
+                }
+            }
+        }
+        // Cannot fail: socket frames are smaller than run-file frames and never empty.
+        if let Err(e) = batch.push(payload) {
+            break End::Bad(format!("record {received}: {e}"));
+        }
+        received += 1;
+        if batch.len_bytes() >= BATCH_BYTES && !hand_over(&mut batch, &mut catalog) {
+            break End::WriterGone;
+        }
+    };
+    // Records before a bad one are valid: keep them.
+    if !matches!(end, End::WriterGone) {
+        hand_over(&mut batch, &mut catalog);
+    }
+    end
+}
+
+fn writer_loop(mut w: RunWriter, rx: Receiver<FrameBatch>, shared: &Shared) -> Result<(), RunFileError> {
+    let mut failures = 0u64;
+    // Records handed to `RunWriter` count as appended; a failed write reports how many
+    // buffered records it lost, which `CollectStats::records` then excludes.
+    let mut fail = |e: &RunFileError| {
+        let RunFileError::WriteFailed { lost_records, .. } = e else { return };
+        shared.lost.fetch_add(*lost_records, Ordering::Relaxed);
+        failures += 1;
+        // A full disk fails every write: say it once, then every thousandth time.
+        if failures == 1 || failures % 1000 == 0 {
+            tracing::error!("{e} (write failure {failures})");
+        }
+    };
+    loop {
+        match rx.recv_timeout(POLL_INTERVAL) {
+            Ok(batch) => {
+                shared.appended.fetch_add(batch.records(), Ordering::Relaxed);
+                shared.bytes.fetch_add(batch.len_bytes() as u64, Ordering::Relaxed);
+                if let Err(e) = w.append_batch(&batch) {
+                    fail(&e);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if let Err(e) = w.flush_if_due() {
+                    fail(&e);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let result = w.finish();
+    if let Err(e) = &result {
+        fail(e);
+    }
+    result
 }

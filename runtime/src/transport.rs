@@ -1,1 +1,1024 @@
-//! Placeholder: filled in by its own change.
+//! Getting records out of the process: addresses, socket framing, and the client.
+//!
+//! The client lives in someone else's process (DESIGN.md "Runtime rules"): producers hand it
+//! encoded records with [`Client::send`], which never blocks, never allocates beyond the
+//! payload it is given, and drops (with a counter) when the bounded queue is full. One sender
+//! thread owns every socket and file; it connects with capped exponential backoff, resends the
+//! session preamble on every new connection, and either spools to a run file or leaves records
+//! queued (dropping once the queue is full) while no collector is reachable.
+//!
+//! Socket framing is `[u32 payload length LE][payload]`, payloads of 1 to [`MAX_FRAME_BYTES`]
+//! bytes. The collector never writes back. Delivery is at most once: frames in a write that
+//! fails are counted as dropped even though the collector may have received some of them.
+
+use crate::runfile::{RunFileError, RunWriter, MAX_PAYLOAD_BYTES};
+use crossbeam_queue::ArrayQueue;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// Largest payload of one socket frame. Records are a few hundred bytes (a few KiB with logits
+/// rows); a larger length means a confused or hostile peer.
+pub const MAX_FRAME_BYTES: usize = 1 << 20;
+const _: () = assert!(MAX_FRAME_BYTES <= MAX_PAYLOAD_BYTES as usize);
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+
+/// Where records go (client) or come from (collector).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Address {
+    /// `unix:PATH`, or a bare path.
+    Unix(PathBuf),
+    /// `tcp:HOST:PORT` (`tcp:PORT` means 127.0.0.1; IPv6 hosts in brackets: `tcp:[::1]:7000`).
+    Tcp { host: String, port: u16 },
+    /// `file:PATH`: the client writes a run file itself, no collector involved.
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    #[error("empty address; expected unix:PATH, tcp:HOST:PORT or file:PATH")]
+    Empty,
+    #[error("unknown address scheme `{0}:`; expected unix:PATH, tcp:HOST:PORT or file:PATH")]
+    UnknownScheme(String),
+    #[error("`{0}:` address without a path; expected {0}:PATH")]
+    MissingPath(&'static str),
+    #[error("bad tcp address `{input}`: {reason}; expected tcp:HOST:PORT, e.g. tcp:127.0.0.1:7000")]
+    BadTcp { input: String, reason: String },
+}
+
+impl FromStr for Address {
+    type Err = AddressError;
+
+    fn from_str(s: &str) -> Result<Address, AddressError> {
+        if s.is_empty() {
+            return Err(AddressError::Empty);
+        }
+        if let Some(rest) = s.strip_prefix("unix:") {
+            return if rest.is_empty() {
+                Err(AddressError::MissingPath("unix"))
+            } else {
+                Ok(Address::Unix(PathBuf::from(rest)))
+            };
+        }
+        if let Some(rest) = s.strip_prefix("file:") {
+            return if rest.is_empty() {
+                Err(AddressError::MissingPath("file"))
+            } else {
+                Ok(Address::File(PathBuf::from(rest)))
+            };
+        }
+        if let Some(rest) = s.strip_prefix("tcp:") {
+            return parse_tcp(s, rest);
+        }
+        // `udp:...` or `http:...` is a mistake, not a socket file named that way; a path with a
+        // slash before its first colon is a path.
+        if let Some((scheme, _)) = s.split_once(':') {
+            let looks_like_scheme = !scheme.is_empty()
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+            if looks_like_scheme {
+                return Err(AddressError::UnknownScheme(scheme.to_string()));
+            }
+        }
+        Ok(Address::Unix(PathBuf::from(s)))
+    }
+}
+
+fn parse_tcp(input: &str, rest: &str) -> Result<Address, AddressError> {
+    let bad = |reason: String| AddressError::BadTcp { input: input.to_string(), reason };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) => (host, port),
+        None if !rest.is_empty() => ("127.0.0.1", rest),
+        None => return Err(bad("missing port".into())),
+    };
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if host.is_empty() {
+        return Err(bad("missing host".into()));
+    }
+    let port =
+        port.parse::<u16>().map_err(|_| bad(format!("port `{port}` is not a number from 0 to 65535")))?;
+    Ok(Address::Tcp { host: host.to_string(), port })
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Tcp { host, port } if host.contains(':') => write!(f, "tcp:[{host}]:{port}"),
+            Address::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
+            Address::File(p) => write!(f, "file:{}", p.display()),
+        }
+    }
+}
+
+/// The address a collector listens on and a client sends to when none is given:
+/// `$XDG_RUNTIME_DIR/quantshadow.sock` (a per-user 0700 directory), else
+/// `/tmp/quantshadow-$UID.sock`.
+pub fn default_address() -> Address {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.is_dir() {
+            return Address::Unix(dir.join("quantshadow.sock"));
+        }
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    Address::Unix(PathBuf::from(format!("/tmp/quantshadow-{uid}.sock")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Framing
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame length {len} exceeds the maximum {max}")]
+    Oversize { len: usize, max: usize },
+    #[error("zero-length frame")]
+    Empty,
+    #[error("connection closed in the middle of a frame ({have} of {need} bytes)")]
+    Truncated { have: usize, need: usize },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl FrameError {
+    /// A read timeout (socket with `set_read_timeout`): nothing is lost, call again.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, FrameError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+    }
+}
+
+fn check_frame_len(len: usize) -> Result<(), FrameError> {
+    if len == 0 {
+        Err(FrameError::Empty)
+    } else if len > MAX_FRAME_BYTES {
+        Err(FrameError::Oversize { len, max: MAX_FRAME_BYTES })
+    } else {
+        Ok(())
+    }
+}
+
+/// Appends one socket frame to `out`.
+pub fn push_frame(out: &mut Vec<u8>, payload: &[u8]) -> Result<(), FrameError> {
+    check_frame_len(payload.len())?;
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    Ok(())
+}
+
+/// Writes one socket frame (convenience for simple writers; the client batches instead).
+pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), FrameError> {
+    check_frame_len(payload.len())?;
+    w.write_all(&(payload.len() as u32).to_le_bytes())?;
+    w.write_all(payload)?;
+    Ok(())
+}
+
+/// Reads socket frames with one buffer: payloads are returned as slices into it, so a stream
+/// of small frames costs one `read` per buffer-full and no allocation per frame. Timeouts are
+/// resumable: a partial frame stays buffered until the rest arrives.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+const FRAME_READER_INITIAL: usize = 256 << 10;
+
+impl<R: Read> FrameReader<R> {
+    pub fn new(inner: R) -> Self {
+        FrameReader { inner, buf: vec![0; FRAME_READER_INITIAL], start: 0, end: 0 }
+    }
+
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// Bytes received but not yet returned as frames.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether [`Self::next_frame`] would return a frame (or a framing error) without reading.
+    pub fn has_buffered_frame(&self) -> bool {
+        let avail = &self.buf[self.start..self.end];
+        if avail.len() < 4 {
+            return false;
+        }
+        let len = u32::from_le_bytes([avail[0], avail[1], avail[2], avail[3]]) as usize;
+        len == 0 || len > MAX_FRAME_BYTES || avail.len() >= 4 + len
+    }
+
+    /// The next frame's payload; `Ok(None)` on a clean end of stream (between frames).
+    pub fn next_frame(&mut self) -> Result<Option<&[u8]>, FrameError> {
+        if !self.fill(4)? {
+            return Ok(None);
+        }
+        let h = &self.buf[self.start..self.start + 4];
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        check_frame_len(len)?;
+        if !self.fill(4 + len)? {
+            return Err(FrameError::Truncated { have: self.buffered(), need: 4 + len });
+        }
+        let payload = self.start + 4..self.start + 4 + len;
+        self.start = payload.end;
+        Ok(Some(&self.buf[payload]))
+    }
+
+    /// Ensures `need` bytes are buffered. `Ok(false)`: end of stream before that; an error
+    /// only if the stream ended inside the first 4 bytes of a frame.
+    fn fill(&mut self, need: usize) -> Result<bool, FrameError> {
+        if self.buffered() >= need {
+            return Ok(true);
+        }
+        if self.buf.len() - self.start < need {
+            // Move the partial frame to the front; grow only for frames larger than the buffer.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.buf.len() < need {
+                self.buf.resize(need, 0);
+            }
+        }
+        while self.buffered() < need {
+            match self.inner.read(&mut self.buf[self.end..]) {
+                Ok(0) if self.buffered() == 0 => return Ok(false),
+                Ok(0) if need == 4 => {
+                    return Err(FrameError::Truncated { have: self.buffered(), need: 4 });
+                }
+                Ok(0) => return Ok(false),
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FrameError::Io(e)),
+            }
+        }
+        Ok(true)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Records held while the sender is busy or no collector is reachable; beyond, drops.
+    pub queue_capacity: usize,
+    /// Payload bytes held in the queue; beyond, drops. Bounds memory when records are large
+    /// (a record may be up to [`MAX_FRAME_BYTES`]; a larger budget than that is sensible).
+    pub max_queued_bytes: usize,
+    /// Sent first on every connection (and written first into a spool or `file:` run file):
+    /// the encoded session record, so that every connection is self-describing.
+    pub preamble: Option<Vec<u8>>,
+    /// While no collector is reachable, write records to this run file instead of holding
+    /// them. Not replayed to the collector later: pass it to the report with the main run file.
+    pub spool: Option<PathBuf>,
+    /// TCP connect timeout (unix sockets connect or fail at once).
+    pub connect_timeout: Duration,
+    /// A write that makes no progress for this long counts as a dead collector.
+    pub write_timeout: Duration,
+    /// First retry delay after a failed connect; doubled per failure up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            queue_capacity: 4096,
+            max_queued_bytes: 16 << 20,
+            preamble: None,
+            spool: None,
+            connect_timeout: Duration::from_secs(1),
+            write_timeout: Duration::from_secs(2),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Records waiting in the queue now.
+    pub queued: u64,
+    /// Records delivered to a collector (or to the run file of a `file:` address).
+    pub sent: u64,
+    /// Records written to the spool file.
+    pub spooled: u64,
+    /// Records lost: queue full, undeliverable, refused (empty or oversize), or left over when
+    /// the client closed.
+    pub dropped: u64,
+    /// Successful connections after the first.
+    pub reconnects: u64,
+}
+
+const PHASE_RUN: u8 = 0;
+/// `close` started: deliver what is queued, then report drained.
+const PHASE_DRAIN: u8 = 1;
+/// The closing record is in `final_payload`: send it and exit.
+const PHASE_FINAL: u8 = 2;
+/// Give up: exit as soon as possible (client dropped, or the close deadline passed).
+const PHASE_ABANDON: u8 = 3;
+
+#[derive(Default)]
+struct Progress {
+    drained: bool,
+    done: bool,
+}
+
+struct Shared {
+    queue: ArrayQueue<Vec<u8>>,
+    /// Payload bytes in `queue`, bounded by `max_queued_bytes`.
+    queued_bytes: AtomicUsize,
+    max_queued_bytes: usize,
+    accepting: AtomicBool,
+    closing: AtomicBool,
+    phase: AtomicU8,
+    sent: AtomicU64,
+    spooled: AtomicU64,
+    dropped: AtomicU64,
+    reconnects: AtomicU64,
+    /// The sender is (about to be) parked and wants an unpark on the next push.
+    sleeping: AtomicBool,
+    sender: OnceLock<Thread>,
+    final_payload: Mutex<Option<Vec<u8>>>,
+    /// When the sender must be done with the closing work.
+    close_deadline: Mutex<Option<Instant>>,
+    progress: Mutex<Progress>,
+    progress_cv: Condvar,
+}
+
+impl Shared {
+    fn wake_sender(&self) {
+        if let Some(t) = self.sender.get() {
+            t.unpark();
+        }
+    }
+
+    fn set_progress(&self, f: impl FnOnce(&mut Progress)) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut p);
+        self.progress_cv.notify_all();
+    }
+
+    /// Waits until `cond` holds or `until`; returns whether it holds.
+    fn wait_progress(&self, until: Instant, cond: impl Fn(&Progress) -> bool) -> bool {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if cond(&p) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            p = match self.progress_cv.wait_timeout(p, until - now) {
+                Ok((p, _)) => p,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+
+    /// Drops everything queued; returns how many.
+    fn pop(&self) -> Option<Vec<u8>> {
+        let p = self.queue.pop()?;
+        self.queued_bytes.fetch_sub(p.len(), Ordering::Relaxed);
+        Some(p)
+    }
+
+    fn drop_queued(&self) -> u64 {
+        let mut n = 0;
+        while self.pop().is_some() {
+            n += 1;
+        }
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+}
+
+/// Non-blocking record sender. See the module documentation.
+pub struct Client {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    address: Address,
+}
+
+impl Client {
+    /// Starts the sender thread. Never fails: if the thread cannot be started, every record is
+    /// dropped and counted, so an engine keeps running without checks.
+    pub fn start(address: Address, options: ClientOptions) -> Client {
+        let shared = Arc::new(Shared {
+            queue: ArrayQueue::new(options.queue_capacity.max(1)),
+            queued_bytes: AtomicUsize::new(0),
+            max_queued_bytes: options.max_queued_bytes,
+            accepting: AtomicBool::new(true),
+            closing: AtomicBool::new(false),
+            phase: AtomicU8::new(PHASE_RUN),
+            sent: AtomicU64::new(0),
+            spooled: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
+            sender: OnceLock::new(),
+            final_payload: Mutex::new(None),
+            close_deadline: Mutex::new(None),
+            progress: Mutex::new(Progress::default()),
+            progress_cv: Condvar::new(),
+        });
+        let sender = Sender::new(shared.clone(), address.clone(), options);
+        let spawned = thread::Builder::new()
+            .name("quantshadow-tx".into())
+            // Records are built by producers; the sender only moves bytes.
+            .stack_size(256 << 10)
+            .spawn(move || sender.run_guarded());
+        let thread = match spawned {
+            Ok(handle) => {
+                let _ = shared.sender.set(handle.thread().clone());
+                Some(handle)
+            }
+            Err(e) => {
+                tracing::warn!("quantshadow: cannot start the sender thread ({e}); records will be dropped");
+                shared.accepting.store(false, Ordering::Release);
+                shared.set_progress(|p| {
+                    p.drained = true;
+                    p.done = true;
+                });
+                None
+            }
+        };
+        Client { shared, thread: Mutex::new(thread), address }
+    }
+
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// Queues one encoded record. Never blocks: `false` (and a counted drop) when the queue is
+    /// full, the client is closing, or the payload is empty or larger than [`MAX_FRAME_BYTES`].
+    pub fn send(&self, payload: Vec<u8>) -> bool {
+        let s = &*self.shared;
+        if payload.is_empty() || payload.len() > MAX_FRAME_BYTES || !s.accepting.load(Ordering::Acquire) {
+            s.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let len = payload.len();
+        if s.queued_bytes.fetch_add(len, Ordering::Relaxed) + len > s.max_queued_bytes {
+            s.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+            s.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if s.queue.push(payload).is_err() {
+            s.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+            s.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // Pairs with the fence in `Sender::park`: either the sender sees this record before it
+        // parks, or we see `sleeping` and wake it. Only a parked sender costs a syscall.
+        fence(Ordering::SeqCst);
+        if s.sleeping.load(Ordering::Relaxed) && s.sleeping.swap(false, Ordering::AcqRel) {
+            s.wake_sender();
+        }
+        true
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let s = &*self.shared;
+        ClientStats {
+            queued: s.queue.len() as u64,
+            sent: s.sent.load(Ordering::Relaxed),
+            spooled: s.spooled.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+            reconnects: s.reconnects.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Delivers what is queued, then the closing record built by `final_payload` from the
+    /// number of records dropped so far, and stops the sender. Returns within `deadline` (plus
+    /// scheduling noise) whatever the collector does; records not delivered by then are counted
+    /// as dropped (those the closing record could not include are in the returned stats only).
+    /// Later calls return the stats at once.
+    pub fn close(&self, final_payload: impl FnOnce(u64) -> Vec<u8>, deadline: Duration) -> ClientStats {
+        let s = &*self.shared;
+        let t0 = Instant::now();
+        let end = t0 + deadline;
+        // Only the first call closes; a concurrent or later one just reports.
+        if s.closing.swap(true, Ordering::AcqRel) || s.phase.load(Ordering::Acquire) != PHASE_RUN {
+            return self.stats();
+        }
+        s.accepting.store(false, Ordering::Release);
+        // Keep a quarter of the time (at most 250 ms) for the closing record itself: queued
+        // records may use the rest, and the sender's writes give up when it is over.
+        let drain_end = end - (deadline / 4).min(Duration::from_millis(250));
+        *s.close_deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(drain_end);
+        s.phase.store(PHASE_DRAIN, Ordering::Release);
+        s.wake_sender();
+        s.wait_progress(drain_end, |p| p.drained || p.done);
+        // Whatever the sender could not take in time will not be sent: count it now so the
+        // closing record includes it.
+        s.drop_queued();
+        let payload = final_payload(s.dropped.load(Ordering::Relaxed));
+        if payload.is_empty() || payload.len() > MAX_FRAME_BYTES {
+            s.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            *s.final_payload.lock().unwrap_or_else(|e| e.into_inner()) = Some(payload);
+        }
+        *s.close_deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(end);
+        s.phase.store(PHASE_FINAL, Ordering::Release);
+        s.wake_sender();
+        if s.wait_progress(end, |p| p.done) {
+            if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                // Done was the sender's last act: this join returns at once.
+                let _ = h.join();
+            }
+        } else {
+            // The sender is stuck (a connect or write that outlives the deadline): leave it
+            // behind; it exits on its own when the call returns.
+            s.phase.store(PHASE_ABANDON, Ordering::Release);
+            s.wake_sender();
+            s.drop_queued();
+        }
+        // Not taken: no sender thread, or it never got to it.
+        if s.final_payload.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
+            s.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Without `close`, nobody waits: ask the sender to stop and leave. It writes what it
+        // already holds (bounded by a short write timeout) and exits.
+        let s = &*self.shared;
+        s.accepting.store(false, Ordering::Release);
+        if !s.progress.lock().unwrap_or_else(|e| e.into_inner()).done {
+            {
+                let mut end = s.close_deadline.lock().unwrap_or_else(|e| e.into_inner());
+                let soon = Instant::now() + ABANDON_WRITE;
+                *end = Some(end.map_or(soon, |e| e.min(soon)));
+            }
+            s.phase.store(PHASE_ABANDON, Ordering::Release);
+        }
+        s.wake_sender();
+    }
+}
+
+/// An open collector connection.
+enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn fd(&self) -> RawFd {
+        match self {
+            Conn::Unix(s) => s.as_raw_fd(),
+            Conn::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        let t = Some(t);
+        match self {
+            Conn::Unix(s) => s.set_write_timeout(t),
+            Conn::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// The collector never writes, so a hang-up is the only thing to see: checked before a
+    /// write so that records are not written into a socket whose reader is gone (TCP accepts
+    /// the first write after the peer closed).
+    fn peer_closed(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout.
+        let rc = unsafe { libc::poll(&mut p, 1, 0) };
+        rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    }
+
+    /// Writes all of `buf`, giving up once `deadline(last progress)` has passed. The deadline
+    /// is asked again after every blocked slice (the socket's send timeout is
+    /// [`WRITE_SLICE`]), so a `close` or a drop that shortens it takes effect mid-write.
+    /// Uses send(MSG_NOSIGNAL): a host process that has not ignored SIGPIPE must not die
+    /// because a collector went away.
+    fn send_all(&self, mut buf: &[u8], deadline: impl Fn(Instant) -> Instant) -> io::Result<()> {
+        let mut progress = Instant::now();
+        while !buf.is_empty() {
+            if Instant::now() >= deadline(progress) {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            // SAFETY: `buf` is valid for reads of its length; the fd is open while `self` lives.
+            let n = unsafe { libc::send(self.fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    // A slice of the send timeout passed without room in the socket: look at
+                    // the deadline again.
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        continue
+                    }
+                    _ => return Err(e),
+                }
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            buf = &buf[n as usize..];
+            progress = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// Where the sender puts records right now.
+enum Sink {
+    None,
+    Socket(Conn),
+    /// `file:` address.
+    File(RunWriter),
+}
+
+/// Records popped per round before checking phase and buffers again.
+const SEND_BATCH: usize = 512;
+/// Socket bytes gathered before a write.
+const SOCKET_CHUNK: usize = 64 << 10;
+/// How long an idle sender sleeps before looking again without a wake-up.
+const IDLE_PARK: Duration = Duration::from_millis(100);
+/// Write budget when abandoning (client dropped without `close`).
+const ABANDON_WRITE: Duration = Duration::from_millis(100);
+/// Socket send timeout: how often a blocked write looks at its deadline again.
+const WRITE_SLICE: Duration = Duration::from_millis(20);
+
+struct Sender {
+    shared: Arc<Shared>,
+    address: Address,
+    opts: ClientOptions,
+    sink: Sink,
+    spool: Option<RunWriter>,
+    /// Frames gathered for the socket and how many producer records they hold.
+    out: Vec<u8>,
+    out_records: u64,
+    ever_connected: bool,
+    backoff: Duration,
+    next_attempt: Instant,
+    /// Remembered so a persistent failure is logged once, not per attempt.
+    last_error: Option<String>,
+}
+
+impl Sender {
+    fn new(shared: Arc<Shared>, address: Address, opts: ClientOptions) -> Sender {
+        Sender {
+            shared,
+            address,
+            backoff: opts.backoff_initial,
+            opts,
+            sink: Sink::None,
+            spool: None,
+            out: Vec::with_capacity(SOCKET_CHUNK + 4096),
+            out_records: 0,
+            ever_connected: false,
+            next_attempt: Instant::now(),
+            last_error: None,
+        }
+    }
+
+    /// Thread body: no panic leaves this function (it would unwind into the host's runtime).
+    fn run_guarded(mut self) {
+        let shared = self.shared.clone();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run()));
+        if result.is_err() {
+            shared.accepting.store(false, Ordering::Release);
+            shared.drop_queued();
+        }
+        // Always the last act, whatever happened: `close` waits for it.
+        shared.set_progress(|p| {
+            p.drained = true;
+            p.done = true;
+        });
+    }
+
+    fn phase(&self) -> u8 {
+        self.shared.phase.load(Ordering::Acquire)
+    }
+
+    fn run(&mut self) {
+        let mut drained_reported = false;
+        loop {
+            match self.phase() {
+                PHASE_ABANDON => return self.abandon(),
+                PHASE_FINAL => return self.finish(),
+                _ => {}
+            }
+            let draining = self.phase() == PHASE_DRAIN;
+            if matches!(self.sink, Sink::None) && (draining || Instant::now() >= self.next_attempt) {
+                self.connect();
+            }
+            let moved = self.pump();
+            if moved > 0 {
+                continue;
+            }
+            self.flush_all();
+            if draining && !drained_reported {
+                if !self.has_destination() {
+                    // Closing with nowhere to deliver: the connect attempt above just failed.
+                    self.shared.drop_queued();
+                }
+                if self.shared.queue.is_empty() && self.out.is_empty() {
+                    drained_reported = true;
+                    self.shared.set_progress(|p| p.drained = true);
+                }
+            }
+            let nap = if self.has_destination() || draining {
+                IDLE_PARK
+            } else {
+                self.next_attempt.saturating_duration_since(Instant::now()).min(IDLE_PARK)
+            };
+            self.park(nap);
+        }
+    }
+
+    fn has_destination(&self) -> bool {
+        !matches!(self.sink, Sink::None) || self.spool.is_some()
+    }
+
+    fn park(&self, timeout: Duration) {
+        let s = &*self.shared;
+        // With nowhere to deliver, new records cannot change anything before the next connect
+        // attempt: producers must not wake us (one syscall per park cycle, for nothing).
+        let wake_on_push = self.has_destination();
+        s.sleeping.store(wake_on_push, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let phase = self.phase();
+        // Records queued while no destination exists stay queued: parking is right then.
+        let nothing_to_do = s.queue.is_empty() || !self.has_destination();
+        if nothing_to_do && (phase == PHASE_RUN || phase == PHASE_DRAIN) && !timeout.is_zero() {
+            thread::park_timeout(timeout);
+        }
+        s.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Moves up to one batch from the queue to the current destination; returns how many.
+    fn pump(&mut self) -> usize {
+        if !self.has_destination() {
+            return 0;
+        }
+        let mut moved = 0;
+        while moved < SEND_BATCH {
+            let Some(payload) = self.shared.pop() else { break };
+            moved += 1;
+            self.deliver(&payload);
+        }
+        moved
+    }
+
+    fn deliver(&mut self, payload: &[u8]) {
+        match &mut self.sink {
+            Sink::Socket(_) => {
+                // Size was checked by `send`.
+                let _ = push_frame(&mut self.out, payload);
+                self.out_records += 1;
+                if self.out.len() >= SOCKET_CHUNK {
+                    self.write_out();
+                }
+            }
+            Sink::File(w) => match w.append(payload) {
+                Ok(()) => {
+                    self.shared.sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => self.writer_failed(e),
+            },
+            Sink::None => self.spool_one(payload),
+        }
+    }
+
+    fn spool_one(&mut self, payload: &[u8]) {
+        let Some(w) = &mut self.spool else {
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        match w.append(payload) {
+            Ok(()) => {
+                self.shared.spooled.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.writer_failed(e),
+        }
+    }
+
+    fn writer_failed(&mut self, e: RunFileError) {
+        let lost = match &e {
+            RunFileError::WriteFailed { lost_records, .. } => *lost_records,
+            _ => 1,
+        };
+        self.shared.dropped.fetch_add(lost, Ordering::Relaxed);
+        self.note_error(format!("{e}"));
+    }
+
+    fn note_error(&mut self, msg: String) {
+        if self.last_error.as_deref() != Some(msg.as_str()) {
+            tracing::debug!("quantshadow transport: {msg}");
+            self.last_error = Some(msg);
+        }
+    }
+
+    /// Writes the gathered socket frames; on failure drops them and the connection.
+    fn write_out(&mut self) {
+        if self.out.is_empty() {
+            return;
+        }
+        let Sink::Socket(conn) = &self.sink else { return };
+        let (shared, write_timeout) = (&*self.shared, self.opts.write_timeout);
+        // No progress for `write_timeout` means a dead or stuck collector; once closing (or
+        // abandoned), the close deadline caps it.
+        let deadline = |progress: Instant| {
+            let stalled = progress + write_timeout;
+            if shared.phase.load(Ordering::Acquire) == PHASE_RUN {
+                return stalled;
+            }
+            let end = *shared.close_deadline.lock().unwrap_or_else(|e| e.into_inner());
+            end.map_or(stalled, |end| stalled.min(end))
+        };
+        let result = if conn.peer_closed() {
+            Err(io::Error::new(io::ErrorKind::BrokenPipe, "collector closed the connection"))
+        } else {
+            conn.send_all(&self.out, deadline)
+        };
+        match result {
+            Ok(()) => {
+                self.shared.sent.fetch_add(self.out_records, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.shared.dropped.fetch_add(self.out_records, Ordering::Relaxed);
+                self.note_error(format!("lost the collector at {}: {e}", self.address));
+                self.sink = Sink::None;
+                // A connection that worked may come back at once (collector restart).
+                self.backoff = self.opts.backoff_initial;
+                self.next_attempt = Instant::now();
+            }
+        }
+        self.out.clear();
+        self.out_records = 0;
+    }
+
+    fn flush_all(&mut self) {
+        if matches!(self.sink, Sink::Socket(_)) {
+            self.write_out();
+        }
+        if let Sink::File(w) = &mut self.sink {
+            if let Err(e) = w.flush() {
+                self.writer_failed(e);
+            }
+        }
+        if let Some(w) = &mut self.spool {
+            if let Err(e) = w.flush() {
+                self.writer_failed(e);
+            }
+        }
+    }
+
+    /// One connection attempt; schedules the next one on failure and falls back to the spool.
+    fn connect(&mut self) {
+        match self.open_sink() {
+            Ok(sink) => {
+                if self.ever_connected {
+                    self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
+                }
+                self.ever_connected = true;
+                self.backoff = self.opts.backoff_initial;
+                self.last_error = None;
+                self.sink = sink;
+                // Leaving spool mode: make the spooled records durable-ish now; the spool stays
+                // open (no rescan) in case the collector goes away again.
+                if let Some(w) = &mut self.spool {
+                    if let Err(e) = w.flush() {
+                        self.writer_failed(e);
+                    }
+                }
+            }
+            Err(msg) => {
+                self.note_error(format!("cannot reach {}: {msg}", self.address));
+                self.next_attempt = Instant::now() + self.backoff;
+                self.backoff = (self.backoff * 2).min(self.opts.backoff_max).max(Duration::from_millis(1));
+                self.open_spool();
+            }
+        }
+    }
+
+    fn open_sink(&mut self) -> Result<Sink, String> {
+        let conn = match &self.address {
+            Address::File(path) => {
+                let (mut w, _recovery) = RunWriter::open_append(path).map_err(|e| e.to_string())?;
+                if let Some(p) = &self.opts.preamble {
+                    w.append(p).map_err(|e| e.to_string())?;
+                }
+                return Ok(Sink::File(w));
+            }
+            Address::Unix(path) => Conn::Unix(UnixStream::connect(path).map_err(|e| e.to_string())?),
+            Address::Tcp { host, port } => {
+                let addrs = (host.as_str(), *port).to_socket_addrs().map_err(|e| e.to_string())?;
+                let mut last = String::from("no addresses");
+                let mut found = None;
+                for a in addrs {
+                    match TcpStream::connect_timeout(&a, self.opts.connect_timeout) {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                Conn::Tcp(found.ok_or(last)?)
+            }
+        };
+        conn.set_write_timeout(WRITE_SLICE).map_err(|e| e.to_string())?;
+        // Anything gathered for a previous connection was already counted as dropped.
+        self.out.clear();
+        self.out_records = 0;
+        if let Some(p) = &self.opts.preamble {
+            push_frame(&mut self.out, p).map_err(|e| format!("preamble: {e}"))?;
+        }
+        Ok(Sink::Socket(conn))
+    }
+
+    fn open_spool(&mut self) {
+        if self.spool.is_some() || matches!(self.address, Address::File(_)) {
+            return;
+        }
+        let Some(path) = self.opts.spool.clone() else { return };
+        match RunWriter::open_append(&path) {
+            Ok((mut w, _)) => {
+                if let Some(p) = &self.opts.preamble {
+                    if let Err(e) = w.append(p) {
+                        self.note_error(format!("spool {}: {e}", path.display()));
+                        return;
+                    }
+                }
+                self.spool = Some(w);
+            }
+            Err(e) => self.note_error(format!("spool {}: {e}", path.display())),
+        }
+    }
+
+    /// Close: deliver the closing record, flush everything, exit.
+    fn finish(&mut self) {
+        // Records that raced into the queue before `close` took the rest.
+        while self.pump() > 0 {}
+        let payload = self.shared.final_payload.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = payload {
+            if matches!(self.sink, Sink::None) {
+                self.connect();
+            }
+            if self.has_destination() {
+                self.deliver(&p);
+            } else {
+                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.flush_all();
+        self.sync_files();
+    }
+
+    fn abandon(&mut self) {
+        // The deadline was set by whoever abandoned (drop: now + ABANDON_WRITE; a close that
+        // timed out: its own deadline, already past).
+        if matches!(self.sink, Sink::Socket(_)) {
+            self.write_out();
+        }
+        self.shared.drop_queued();
+        self.flush_all();
+        self.dropped_unsent();
+    }
+
+    fn dropped_unsent(&mut self) {
+        if self.out_records > 0 {
+            self.shared.dropped.fetch_add(self.out_records, Ordering::Relaxed);
+            self.out.clear();
+            self.out_records = 0;
+        }
+    }
+
+    fn sync_files(&mut self) {
+        if let Sink::File(w) = &mut self.sink {
+            if let Err(e) = w.sync() {
+                self.writer_failed(e);
+            }
+        }
+        if let Some(w) = &mut self.spool {
+            if let Err(e) = w.sync() {
+                self.writer_failed(e);
+            }
+        }
+    }
+}

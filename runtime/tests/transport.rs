@@ -1,0 +1,569 @@
+//! Transport: address parsing, socket framing, and the client's queue, drops, reconnects,
+//! spool and close. Payloads here are opaque bytes; no record codec is involved.
+
+use quantshadow_runtime::runfile::read_run_file;
+use quantshadow_runtime::transport::{
+    push_frame, write_frame, Address, AddressError, Client, ClientOptions, FrameError, FrameReader,
+    MAX_FRAME_BYTES,
+};
+use std::io::{self, Read};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// Polls `cond` every few ms until it holds or `limit` passes.
+fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    cond()
+}
+
+fn fast_options() -> ClientOptions {
+    ClientOptions {
+        backoff_initial: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(40),
+        write_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    }
+}
+
+fn rec(i: usize) -> Vec<u8> {
+    format!("record {i:06}").into_bytes()
+}
+
+/// A minimal collector: records the payloads of each connection, in order.
+struct TestServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<Vec<Vec<u8>>>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    fn start(path: &Path) -> TestServer {
+        Self::start_with(path, true)
+    }
+
+    /// `read == false`: accept connections but never read them (a stuck collector).
+    fn start_with(path: &Path, read: bool) -> TestServer {
+        let listener = UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, conns2) = (stop.clone(), conns.clone());
+        let thread = thread::spawn(move || {
+            let mut readers = Vec::new();
+            let mut held = Vec::new();
+            while !stop2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((s, _)) if read => {
+                        let idx = {
+                            let mut c = conns2.lock().unwrap();
+                            c.push(Vec::new());
+                            c.len() - 1
+                        };
+                        let (stop3, conns3) = (stop2.clone(), conns2.clone());
+                        readers.push(thread::spawn(move || read_conn(s, idx, &stop3, &conns3)));
+                    }
+                    Ok((s, _)) => held.push(s),
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+            for r in readers {
+                let _ = r.join();
+            }
+        });
+        TestServer { path: path.to_path_buf(), stop, conns, thread: Some(thread) }
+    }
+
+    fn connections(&self) -> Vec<Vec<Vec<u8>>> {
+        self.conns.lock().unwrap().clone()
+    }
+
+    fn received(&self) -> usize {
+        self.conns.lock().unwrap().iter().map(|c| c.len()).sum()
+    }
+
+    /// Waits (bounded) until the newest connection's last payload starts with `prefix`: what a
+    /// client wrote may still be in the socket when its `close` returns.
+    fn wait_for_last(&self, prefix: &[u8]) -> bool {
+        wait_until(Duration::from_secs(5), || {
+            self.conns.lock().unwrap().last().and_then(|c| c.last()).is_some_and(|p| p.starts_with(prefix))
+        })
+    }
+
+    /// Stops, closes every connection and removes the socket file.
+    fn stop(mut self) -> Vec<Vec<Vec<u8>>> {
+        self.shutdown();
+        self.connections()
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn read_conn(s: UnixStream, idx: usize, stop: &AtomicBool, conns: &Mutex<Vec<Vec<Vec<u8>>>>) {
+    s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    let mut r = FrameReader::new(s);
+    while !stop.load(Ordering::SeqCst) {
+        match r.next_frame() {
+            Ok(Some(p)) => conns.lock().unwrap()[idx].push(p.to_vec()),
+            Ok(None) => return,
+            Err(e) if e.is_timeout() => {}
+            Err(_) => return,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+
+#[test]
+fn addresses_parse_and_print() {
+    let tcp = |h: &str, p| Address::Tcp { host: h.into(), port: p };
+    let cases: Vec<(&str, Address, &str)> = vec![
+        ("unix:/run/q.sock", Address::Unix("/run/q.sock".into()), "unix:/run/q.sock"),
+        ("/run/q.sock", Address::Unix("/run/q.sock".into()), "unix:/run/q.sock"),
+        ("q.sock", Address::Unix("q.sock".into()), "unix:q.sock"),
+        ("./dir:x/q.sock", Address::Unix("./dir:x/q.sock".into()), "unix:./dir:x/q.sock"),
+        ("tcp:127.0.0.1:7000", tcp("127.0.0.1", 7000), "tcp:127.0.0.1:7000"),
+        ("tcp:localhost:0", tcp("localhost", 0), "tcp:localhost:0"),
+        ("tcp:[::1]:7000", tcp("::1", 7000), "tcp:[::1]:7000"),
+        ("tcp:7000", tcp("127.0.0.1", 7000), "tcp:127.0.0.1:7000"),
+        ("file:/tmp/run.qsr", Address::File("/tmp/run.qsr".into()), "file:/tmp/run.qsr"),
+    ];
+    for (text, want, shown) in cases {
+        let got: Address = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(got, want, "{text}");
+        assert_eq!(got.to_string(), shown, "{text}");
+        assert_eq!(shown.parse::<Address>().unwrap(), want, "{shown} does not round-trip");
+    }
+}
+
+#[test]
+fn bad_addresses_say_what_is_wrong() {
+    let cases: Vec<(&str, &str)> = vec![
+        ("", "empty address"),
+        ("udp:1.2.3.4:5", "unknown address scheme `udp:`"),
+        ("http://collector:80", "unknown address scheme `http:`"),
+        ("unix:", "without a path"),
+        ("file:", "without a path"),
+        ("tcp:", "missing port"),
+        ("tcp::7000", "missing host"),
+        ("tcp:host:", "port `` is not a number"),
+        ("tcp:host:99999", "port `99999` is not a number"),
+        ("tcp:host:http", "port `http` is not a number"),
+    ];
+    for (text, want) in cases {
+        let err: AddressError = text.parse::<Address>().err().unwrap_or_else(|| panic!("{text} parsed"));
+        let msg = err.to_string();
+        assert!(msg.contains(want), "{text}: `{msg}` lacks `{want}`");
+        // Every message shows the accepted forms.
+        assert!(msg.contains("PATH") || msg.contains("HOST:PORT"), "{text}: `{msg}`");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Framing
+
+/// Hands out at most `chunk` bytes per read, and a WouldBlock before every other read.
+struct Trickle {
+    data: Vec<u8>,
+    pos: usize,
+    chunk: usize,
+    hiccup: bool,
+    reads: usize,
+}
+
+impl Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reads += 1;
+        if self.hiccup && self.reads % 2 == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = self.chunk.min(buf.len()).min(self.data.len() - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn read_all_frames(r: &mut FrameReader<Trickle>) -> Result<Vec<Vec<u8>>, FrameError> {
+    let mut out = Vec::new();
+    let mut timeouts = 0;
+    loop {
+        match r.next_frame() {
+            Ok(Some(p)) => out.push(p.to_vec()),
+            Ok(None) => return Ok(out),
+            Err(e) if e.is_timeout() => {
+                timeouts += 1;
+                assert!(timeouts < 100_000, "no progress");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[test]
+fn frames_survive_any_read_split_and_timeouts() {
+    let payloads: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 1 + i * 13]).collect();
+    let mut wire = Vec::new();
+    for p in &payloads {
+        push_frame(&mut wire, p).unwrap();
+    }
+    for chunk in 1..=9 {
+        for hiccup in [false, true] {
+            let mut r = FrameReader::new(Trickle { data: wire.clone(), pos: 0, chunk, hiccup, reads: 0 });
+            assert_eq!(read_all_frames(&mut r).unwrap(), payloads, "chunk {chunk} hiccup {hiccup}");
+        }
+    }
+    // write_frame and push_frame agree.
+    let mut w = Vec::new();
+    for p in &payloads {
+        write_frame(&mut w, p).unwrap();
+    }
+    assert_eq!(w, wire);
+}
+
+#[test]
+fn frames_larger_than_the_buffer_and_the_size_limit() {
+    let big = vec![7u8; MAX_FRAME_BYTES];
+    let mut wire = Vec::new();
+    push_frame(&mut wire, &big).unwrap();
+    push_frame(&mut wire, b"after").unwrap();
+    let mut r = FrameReader::new(Trickle { data: wire, pos: 0, chunk: 100_000, hiccup: false, reads: 0 });
+    assert_eq!(read_all_frames(&mut r).unwrap(), vec![big, b"after".to_vec()]);
+
+    assert!(matches!(
+        push_frame(&mut Vec::new(), &vec![0; MAX_FRAME_BYTES + 1]),
+        Err(FrameError::Oversize { .. })
+    ));
+    assert!(matches!(push_frame(&mut Vec::new(), b""), Err(FrameError::Empty)));
+}
+
+#[test]
+fn malformed_frames_are_rejected() {
+    let reader =
+        |data: Vec<u8>| FrameReader::new(Trickle { data, pos: 0, chunk: 64, hiccup: false, reads: 0 });
+    // A length over the limit is rejected from the 4 length bytes alone: nothing is allocated.
+    let mut wire = Vec::new();
+    push_frame(&mut wire, b"good").unwrap();
+    wire.extend_from_slice(&((MAX_FRAME_BYTES + 1) as u32).to_le_bytes());
+    let mut r = reader(wire);
+    assert_eq!(r.next_frame().unwrap().unwrap(), b"good");
+    match r.next_frame() {
+        Err(FrameError::Oversize { len, max }) => {
+            assert_eq!((len, max), (MAX_FRAME_BYTES + 1, MAX_FRAME_BYTES))
+        }
+        other => panic!("expected Oversize, got {other:?}"),
+    }
+    assert!(matches!(reader(vec![0, 0, 0, 0]).next_frame(), Err(FrameError::Empty)));
+    assert!(matches!(reader(vec![u8::MAX; 4]).next_frame(), Err(FrameError::Oversize { .. })));
+    // Cut inside a payload and inside a length.
+    let mut cut = Vec::new();
+    push_frame(&mut cut, b"0123456789").unwrap();
+    cut.truncate(9);
+    assert!(matches!(reader(cut).next_frame(), Err(FrameError::Truncated { have: 9, need: 14 })));
+    assert!(matches!(reader(vec![5, 0]).next_frame(), Err(FrameError::Truncated { have: 2, need: 4 })));
+    assert!(reader(Vec::new()).next_frame().unwrap().is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+#[test]
+fn without_a_collector_send_never_blocks_and_drops_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = Address::Unix(dir.path().join("nobody.sock"));
+    let client = Client::start(addr, ClientOptions { queue_capacity: 64, ..fast_options() });
+    let t = Instant::now();
+    let mut accepted = 0u64;
+    for i in 0..20_000 {
+        accepted += client.send(rec(i)) as u64;
+    }
+    // 20k sends do not wait for anything (generous bound for a loaded 2-core machine).
+    assert!(t.elapsed() < Duration::from_secs(1), "sends took {:?}", t.elapsed());
+    let s = client.stats();
+    assert!(accepted <= 64, "accepted {accepted} with a 64-record queue");
+    assert_eq!(s.dropped, 20_000 - accepted);
+    assert_eq!(s.sent, 0);
+    assert_eq!(s.queued, accepted);
+
+    let seen = Arc::new(Mutex::new(None));
+    let seen2 = seen.clone();
+    let t = Instant::now();
+    let s = client.close(
+        move |dropped| {
+            *seen2.lock().unwrap() = Some(dropped);
+            b"closing".to_vec()
+        },
+        Duration::from_millis(500),
+    );
+    assert!(t.elapsed() < Duration::from_millis(700), "close took {:?}", t.elapsed());
+    // The closing record was told about every record, queued ones included; it was then
+    // dropped itself.
+    assert_eq!(*seen.lock().unwrap(), Some(20_000));
+    assert_eq!(s.dropped, 20_001);
+    assert_eq!(s.queued, 0);
+    assert!(!client.send(rec(0)), "send after close must be refused");
+}
+
+#[test]
+fn records_queued_while_the_collector_starts_are_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.sock");
+    let opts = ClientOptions { preamble: Some(b"session".to_vec()), ..fast_options() };
+    let client = Client::start(Address::Unix(path.clone()), opts);
+    for i in 0..100 {
+        assert!(client.send(rec(i)));
+    }
+    thread::sleep(Duration::from_millis(30));
+    let server = TestServer::start(&path);
+    assert!(wait_until(Duration::from_secs(5), || server.received() == 101), "got {}", server.received());
+    let s = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_secs(2));
+    assert_eq!((s.sent, s.dropped), (101, 0));
+    assert!(server.wait_for_last(b"closing"));
+    let conns = server.stop();
+    assert_eq!(conns.len(), 1);
+    let c = &conns[0];
+    assert_eq!(c[0], b"session");
+    assert_eq!(c[1..101], (0..100).map(rec).collect::<Vec<_>>()[..]);
+    assert_eq!(c[101], b"closing dropped=0");
+}
+
+#[test]
+fn delivers_everything_in_order_over_tcp() {
+    use std::net::TcpListener;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = FrameReader::new(s);
+        let mut got = Vec::new();
+        while let Ok(Some(p)) = r.next_frame() {
+            got.push(p.to_vec());
+        }
+        got
+    });
+    let addr: Address = format!("tcp:127.0.0.1:{port}").parse().unwrap();
+    let opts =
+        ClientOptions { preamble: Some(b"session".to_vec()), queue_capacity: 20_000, ..fast_options() };
+    let client = Client::start(addr, opts);
+    for i in 0..10_000 {
+        assert!(client.send(rec(i)));
+    }
+    let s = client.close(|d| format!("closing {d}").into_bytes(), Duration::from_secs(5));
+    drop(client); // closes the socket: the server sees the end of the stream
+    assert_eq!((s.sent, s.dropped, s.reconnects), (10_001, 0, 0));
+    let got = server.join().unwrap();
+    assert_eq!(got.len(), 10_002);
+    assert_eq!(got[0], b"session");
+    assert!(got[1..10_001].iter().enumerate().all(|(i, p)| *p == rec(i)));
+    assert_eq!(got[10_001], b"closing 0");
+}
+
+#[test]
+fn spools_to_a_run_file_while_no_collector_is_reachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool.qsr");
+    let opts = ClientOptions {
+        preamble: Some(b"session".to_vec()),
+        spool: Some(spool.clone()),
+        queue_capacity: 1000,
+        ..fast_options()
+    };
+    let client = Client::start(Address::Unix(dir.path().join("nobody.sock")), opts);
+    for i in 0..500 {
+        assert!(client.send(rec(i)));
+    }
+    assert!(wait_until(Duration::from_secs(5), || client.stats().spooled == 500));
+    let s = client.close(|d| format!("closing {d}").into_bytes(), Duration::from_secs(2));
+    assert_eq!((s.spooled, s.sent, s.dropped), (501, 0, 0));
+    let c = read_run_file(&spool).unwrap();
+    assert_eq!(c.torn_tail, None);
+    assert_eq!(c.payloads.len(), 502);
+    assert_eq!(c.payloads[0], b"session");
+    assert!(c.payloads[1..501].iter().enumerate().all(|(i, p)| *p == rec(i)));
+    assert_eq!(c.payloads[501], b"closing 0");
+}
+
+#[test]
+fn file_address_writes_a_run_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("direct.qsr");
+    let opts = ClientOptions { preamble: Some(b"session".to_vec()), ..fast_options() };
+    let client = Client::start(Address::File(path.clone()), opts);
+    for i in 0..300 {
+        assert!(client.send(rec(i)));
+    }
+    let s = client.close(|d| format!("closing {d}").into_bytes(), Duration::from_secs(2));
+    assert_eq!((s.sent, s.dropped), (301, 0));
+    let c = read_run_file(&path).unwrap();
+    assert_eq!(c.payloads.len(), 302);
+    assert_eq!(c.payloads[0], b"session");
+    assert_eq!(c.payloads[301], b"closing 0");
+}
+
+#[test]
+fn reconnects_after_a_collector_restart_and_resends_the_preamble() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("restart.sock");
+    let server = TestServer::start(&path);
+    let opts =
+        ClientOptions { preamble: Some(b"session".to_vec()), queue_capacity: 10_000, ..fast_options() };
+    let client = Client::start(Address::Unix(path.clone()), opts);
+    for i in 0..50 {
+        assert!(client.send(rec(i)));
+    }
+    assert!(wait_until(Duration::from_secs(5), || server.received() == 51));
+    let first = server.stop();
+
+    // While the collector is down, records are either held or dropped, never blocking.
+    for i in 50..60 {
+        client.send(rec(i));
+    }
+    thread::sleep(Duration::from_millis(20));
+    let server = TestServer::start(&path);
+    // Keep sending until something arrives on the new connection (bounded).
+    let mut i = 60;
+    let ok = wait_until(Duration::from_secs(5), || {
+        client.send(rec(i));
+        i += 1;
+        server.received() >= 2
+    });
+    assert!(ok, "no records after the restart");
+    let s = client.close(|d| format!("closing {d}").into_bytes(), Duration::from_secs(2));
+    assert!(s.reconnects >= 1, "{s:?}");
+    assert!(server.wait_for_last(b"closing"), "closing record not received");
+    let second = server.stop();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0][0], b"session");
+    let last = second.last().unwrap();
+    assert_eq!(last[0], b"session", "preamble must open every connection");
+    let closing = last.last().unwrap();
+    assert!(closing.starts_with(b"closing "), "{}", String::from_utf8_lossy(closing));
+    // Every record is accounted for exactly once: delivered (first or second server) or dropped.
+    let delivered: usize = first
+        .iter()
+        .chain(second.iter())
+        .map(|c| c.iter().filter(|p| p.starts_with(b"record")).count())
+        .sum();
+    assert!(
+        delivered as u64 <= s.sent && s.sent + s.dropped == i as u64 + 1,
+        "{s:?}, delivered {delivered}, sent {i}"
+    );
+}
+
+#[test]
+fn close_returns_by_its_deadline_when_the_collector_is_stuck() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stuck.sock");
+    let _server = TestServer::start_with(&path, false);
+    let opts =
+        ClientOptions { queue_capacity: 256, write_timeout: Duration::from_secs(30), ..fast_options() };
+    let client = Client::start(Address::Unix(path.clone()), opts);
+    // Far more than the socket buffers hold: the sender ends up blocked in a write.
+    let big = vec![1u8; 64 << 10];
+    let t = Instant::now();
+    for _ in 0..2000 {
+        client.send(big.clone());
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "sends blocked: {:?}", t.elapsed());
+    let t = Instant::now();
+    let s = client.close(|_| b"closing".to_vec(), Duration::from_millis(300));
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(600), "close took {took:?}");
+    assert!(s.dropped > 0);
+    assert_eq!(s.queued, 0);
+}
+
+#[test]
+fn drop_without_close_does_not_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stuck.sock");
+    let _server = TestServer::start_with(&path, false);
+    let client = Client::start(Address::Unix(path.clone()), fast_options());
+    let big = vec![1u8; 64 << 10];
+    for _ in 0..500 {
+        client.send(big.clone());
+    }
+    let t = Instant::now();
+    drop(client);
+    assert!(t.elapsed() < Duration::from_millis(100), "drop took {:?}", t.elapsed());
+}
+
+#[test]
+fn queued_bytes_are_bounded_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ClientOptions { queue_capacity: 1000, max_queued_bytes: 10_000, ..fast_options() };
+    let client = Client::start(Address::Unix(dir.path().join("nobody.sock")), opts);
+    let accepted = (0..1000).filter(|_| client.send(vec![0; 100])).count();
+    assert_eq!(accepted, 100);
+    assert_eq!(client.stats().dropped, 900);
+}
+
+#[test]
+fn empty_and_oversize_payloads_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::start(Address::Unix(dir.path().join("x.sock")), fast_options());
+    assert!(!client.send(Vec::new()));
+    assert!(!client.send(vec![0; MAX_FRAME_BYTES + 1]));
+    assert!(client.send(vec![0; MAX_FRAME_BYTES]));
+    let s = client.stats();
+    assert_eq!((s.dropped, s.queued), (2, 1));
+}
+
+#[test]
+fn a_collector_that_goes_away_falls_back_to_the_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.sock");
+    let spool = dir.path().join("spool.qsr");
+    let server = TestServer::start(&path);
+    let opts = ClientOptions {
+        preamble: Some(b"session".to_vec()),
+        spool: Some(spool.clone()),
+        queue_capacity: 1000,
+        ..fast_options()
+    };
+    let client = Client::start(Address::Unix(path), opts);
+    for i in 0..10 {
+        client.send(rec(i));
+    }
+    assert!(wait_until(Duration::from_secs(5), || server.received() == 11));
+    server.stop();
+    let mut i = 10;
+    assert!(wait_until(Duration::from_secs(5), || {
+        client.send(rec(i));
+        i += 1;
+        client.stats().spooled > 0
+    }));
+    let s = client.close(|_| b"closing".to_vec(), Duration::from_secs(2));
+    let c = read_run_file(&spool).unwrap();
+    assert_eq!(c.payloads[0], b"session");
+    assert_eq!(c.payloads.last().unwrap(), b"closing");
+    assert_eq!(c.payloads.len() as u64, s.spooled + 1);
+    assert_eq!(s.sent + s.spooled + s.dropped, i as u64 + 1, "{s:?}");
+}
