@@ -100,8 +100,11 @@ fn write_inputs(out: &mut String, report: &Report) {
     };
     line!(out, "Thresholds ({origin}); a call fails when it breaks any of them or introduces NaN/Inf:");
     line!(out);
-    line!(out, "| Class | Inputs | Cosine ≥ | NMSE ≤ | \\|1 − norm ratio\\| ≤ |");
-    line!(out, "|---|---|--:|--:|--:|");
+    line!(
+        out,
+        "| Class | Inputs | Cosine ≥ | NMSE ≤ | \\|1 − norm ratio\\| ≤ | Worst row cosine ≥ | Logits KL ≤ |"
+    );
+    line!(out, "|---|---|--:|--:|--:|--:|--:|");
     for class in FormatClass::ALL {
         let t = report.thresholds.for_class(class);
         let inputs = match class {
@@ -111,11 +114,13 @@ fn write_inputs(out: &mut String, report: &Report) {
         };
         line!(
             out,
-            "| {} | {inputs} | {} | {} | {} |",
+            "| {} | {inputs} | {} | {} | {} | {} | {} |",
             class.name(),
             t.cosine_min,
             text::sci(t.nmse_max),
-            t.norm_ratio_tol
+            t.norm_ratio_tol,
+            t.row_cosine_min,
+            text::sci(t.logits_kl_max)
         );
     }
     line!(out);
