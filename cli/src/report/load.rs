@@ -8,7 +8,7 @@
 //! mid-record: everything before it is intact) and individual undecodable records.
 
 use quantshadow_runtime::record::{decode, Record, RecordError};
-use quantshadow_runtime::runfile::{read_run_file, RunFileError, TornTail};
+use quantshadow_runtime::runfile::{RunFileError, RunReader, TornTail};
 use serde::Serialize;
 use std::path::Path;
 
@@ -106,7 +106,7 @@ pub fn load_run_file(path: &Path) -> Result<LoadedRun, LoadError> {
 
 /// Reads a run file and hands each decoded record to `on_record`, in file order, dropping each
 /// payload once decoded. On error, records already handed over are to be discarded.
-pub fn stream_run_file(path: &Path, on_record: impl FnMut(Record)) -> Result<RunSource, LoadError> {
+pub fn stream_run_file(path: &Path, mut on_record: impl FnMut(Record)) -> Result<RunSource, LoadError> {
     let display = path.display().to_string();
     // Checked up front only for a clearer message; any other failure to open is reported by
     // the run-file reader with its cause.
@@ -117,47 +117,83 @@ pub fn stream_run_file(path: &Path, on_record: impl FnMut(Record)) -> Result<Run
         Ok(meta) if meta.is_dir() => return Err(LoadError::Directory { path: display }),
         _ => {}
     }
-    let contents = read_run_file(path)?;
-    decode_payloads(display, contents.payloads, contents.torn_tail, on_record)
+    // One payload in memory at a time: a report over a multi-GB run stays small.
+    let mut reader = RunReader::open(path)?;
+    let mut decoder = PayloadDecoder::new(display);
+    let mut payload = Vec::new();
+    while reader.read_into(&mut payload)? {
+        decoder.push(&payload, &mut on_record)?;
+    }
+    decoder.finish(reader.torn_tail().cloned())
 }
 
-/// Decodes the payloads of one run file (see the module doc for what is fatal).
+/// Decodes the payloads of one run file held in memory (see the module doc for what is fatal).
 pub fn decode_payloads(
     path: String,
     payloads: Vec<Vec<u8>>,
     torn_tail: Option<TornTail>,
     mut on_record: impl FnMut(Record),
 ) -> Result<RunSource, LoadError> {
-    let torn_tail = torn_tail.map(TornTailInfo::from);
-    if payloads.is_empty() {
-        let detail = match &torn_tail {
-            Some(t) => format!(" (torn at byte {}: {})", t.offset, t.reason),
-            None => String::new(),
-        };
-        return Err(LoadError::Empty { path, detail });
+    let mut decoder = PayloadDecoder::new(path);
+    for payload in &payloads {
+        decoder.push(payload, &mut on_record)?;
     }
-    let count = payloads.len();
-    let mut source = RunSource { path, records: 0, torn_tail, undecodable: 0, first_undecodable: None };
-    for (index, payload) in payloads.into_iter().enumerate() {
-        match decode(&payload) {
+    decoder.finish(torn_tail)
+}
+
+/// Decodes payloads one by one, counting what cannot be decoded.
+struct PayloadDecoder {
+    source: RunSource,
+    index: usize,
+}
+
+impl PayloadDecoder {
+    fn new(path: String) -> PayloadDecoder {
+        PayloadDecoder {
+            source: RunSource { path, records: 0, torn_tail: None, undecodable: 0, first_undecodable: None },
+            index: 0,
+        }
+    }
+
+    fn push(&mut self, payload: &[u8], on_record: &mut impl FnMut(Record)) -> Result<(), LoadError> {
+        let index = self.index;
+        self.index += 1;
+        match decode(payload) {
             Ok(record) => {
-                source.records += 1;
+                self.source.records += 1;
                 on_record(record);
             }
+            // A record from a newer major version: reading on would misread, so stop here.
             Err(error @ RecordError::UnsupportedVersion { .. }) => {
-                return Err(LoadError::UnsupportedRecordVersion { path: source.path, index, source: error });
+                return Err(LoadError::UnsupportedRecordVersion {
+                    path: self.source.path.clone(),
+                    index,
+                    source: error,
+                });
             }
             Err(error) => {
-                source.undecodable += 1;
-                if source.first_undecodable.is_none() {
-                    source.first_undecodable = Some(format!("record {index}: {error}"));
+                self.source.undecodable += 1;
+                if self.source.first_undecodable.is_none() {
+                    self.source.first_undecodable = Some(format!("record {index}: {error}"));
                 }
             }
         }
+        Ok(())
     }
-    if source.records == 0 {
-        let first = source.first_undecodable.unwrap_or_default();
-        return Err(LoadError::Undecodable { path: source.path, count, first });
+
+    fn finish(mut self, torn_tail: Option<TornTail>) -> Result<RunSource, LoadError> {
+        self.source.torn_tail = torn_tail.map(TornTailInfo::from);
+        if self.index == 0 {
+            let detail = match &self.source.torn_tail {
+                Some(t) => format!(" (torn at byte {}: {})", t.offset, t.reason),
+                None => String::new(),
+            };
+            return Err(LoadError::Empty { path: self.source.path, detail });
+        }
+        if self.source.records == 0 {
+            let first = self.source.first_undecodable.unwrap_or_default();
+            return Err(LoadError::Undecodable { path: self.source.path, count: self.index, first });
+        }
+        Ok(self.source)
     }
-    Ok(source)
 }
