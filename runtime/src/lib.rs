@@ -9,6 +9,7 @@
 //! - [`runfile`]: the append-only, CRC-framed run file
 //! - [`transport`]: framing, addresses and the non-blocking client
 
+pub mod device;
 pub mod formats;
 pub mod metrics;
 pub mod oracle;

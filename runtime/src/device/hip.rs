@@ -1,0 +1,1 @@
+//! HIP runtime: being written.

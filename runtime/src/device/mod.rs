@@ -1,0 +1,154 @@
+//! Devices that run the reference side of a check.
+//!
+//! Two levels:
+//! - [`GpuRuntime`]: the handful of vendor runtime operations the shadow engine needs (memory,
+//!   run-time compilation, module load, launch, capture status), implemented by `cuda` (driver
+//!   API + NVRTC, loaded at run time) and `hip` (HIP + hipRTC, loaded at run time). Both always
+//!   compile; a missing library, symbol or device is a typed error, never a panic.
+//! - The engine-facing device (reference GEMM, sketch, compare) is generic over a runtime, with
+//!   a `host` implementation (host memory, the host oracle as "kernels") for machines without
+//!   a GPU. The host device is never chosen when a GPU runtime is present.
+//!
+//! Every runtime works in the caller's current context and device: it never creates a context
+//! in someone else's process.
+
+use std::ffi::c_void;
+
+pub mod cuda;
+pub mod hip;
+
+/// Which vendor runtime a device belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    Host,
+}
+
+/// A device address (CUdeviceptr / hipDeviceptr_t as an integer).
+pub type DevicePtr = u64;
+
+/// A stream handle as an integer (CUstream / hipStream_t); 0 is the legacy default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Stream(pub u64);
+
+/// A loaded module (CUmodule / hipModule_t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Module(pub u64);
+
+/// A kernel entry point (CUfunction / hipFunction_t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Function(pub u64);
+
+/// An event for timing and ordering (CUevent / hipEvent_t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Event(pub u64);
+
+/// What the reference side needs to know about the caller's current device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub vendor: Vendor,
+    /// Device ordinal in the process.
+    pub ordinal: i32,
+    pub name: String,
+    /// `sm_90`, `gfx942`, ...: selects the compile target and the kernel cache entry.
+    pub arch: String,
+    pub total_memory: u64,
+    pub multiprocessors: u32,
+    /// 32 on NVIDIA, 64 on most AMD data-centre GPUs.
+    pub warp_size: u32,
+    /// Driver / runtime version as the vendor reports it.
+    pub runtime_version: i32,
+}
+
+/// Host memory mapped into the device's address space (the results ring lives here).
+#[derive(Debug)]
+pub struct MappedHost {
+    pub host: *mut u8,
+    pub device: DevicePtr,
+    pub bytes: usize,
+}
+
+// SAFETY: the allocation is owned by whoever holds the MappedHost; the pointers are plain
+// addresses and the runtime functions that use them are thread-safe.
+unsafe impl Send for MappedHost {}
+unsafe impl Sync for MappedHost {}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("{lib}: library not found (searched {searched})")]
+    LibraryMissing { lib: &'static str, searched: String },
+    #[error("{lib}: symbol {name} not found")]
+    SymbolMissing { lib: &'static str, name: &'static str },
+    #[error("no {vendor} device: {detail}")]
+    NoDevice { vendor: &'static str, detail: String },
+    #[error("no current {vendor} context on this thread (the engine has not initialised the device)")]
+    NoContext { vendor: &'static str },
+    #[error("{call} failed: {code} ({message})")]
+    Call { call: &'static str, code: i32, message: String },
+    #[error("compiling {name} for {arch} failed with options [{options}]:\n{log}")]
+    Compile { name: String, arch: String, options: String, log: String },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// The vendor runtime operations the shadow engine needs, and only those.
+///
+/// Implementations are thin: each method is one or two vendor calls with their status turned
+/// into [`DeviceError`]. Synchronous methods (`*_sync`, `synchronize`) are for set-up, tests,
+/// the selftest and benchmarks; the per-call shadow path uses only the `*_async` ones, `launch`
+/// and `is_capturing`.
+pub trait GpuRuntime: Send + Sync {
+    fn vendor(&self) -> Vendor;
+
+    /// The caller's current device (its context is left as it is).
+    fn current_device(&self) -> Result<DeviceInfo, DeviceError>;
+
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError>;
+    /// # Safety
+    /// `ptr` came from [`GpuRuntime::malloc`] of this runtime and is not used afterwards.
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError>;
+
+    /// Pinned host memory mapped into the device address space, zeroed.
+    fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError>;
+    /// # Safety
+    /// `mapped` came from [`GpuRuntime::alloc_mapped`] of this runtime and is not used afterwards.
+    unsafe fn free_mapped(&self, mapped: &MappedHost) -> Result<(), DeviceError>;
+
+    fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError>;
+    fn copy_to_host_sync(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError>;
+    fn copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<(), DeviceError>;
+    fn memset_async(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<(), DeviceError>;
+
+    /// Compiles CUDA/HIP C++ `source` for `arch` with the run-time compiler; returns the image
+    /// to load (PTX or CUBIN on NVIDIA, a code object on AMD).
+    fn compile(&self, source: &str, name: &str, arch: &str, options: &[String]) -> Result<Vec<u8>, DeviceError>;
+    fn load_module(&self, image: &[u8]) -> Result<Module, DeviceError>;
+    fn get_function(&self, module: Module, name: &str) -> Result<Function, DeviceError>;
+
+    /// # Safety
+    /// `params` must match the kernel's parameter list exactly (one pointer per parameter,
+    /// each pointing at a value of the parameter's type), and every device pointer inside
+    /// must be valid for what the kernel reads and writes.
+    unsafe fn launch(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DeviceError>;
+
+    fn is_capturing(&self, stream: Stream) -> Result<bool, DeviceError>;
+    fn synchronize(&self, stream: Stream) -> Result<(), DeviceError>;
+
+    /// A non-blocking stream of the lowest priority, for reference work off the production
+    /// stream.
+    fn create_side_stream(&self) -> Result<Stream, DeviceError>;
+    fn create_event(&self) -> Result<Event, DeviceError>;
+    fn record_event(&self, event: Event, stream: Stream) -> Result<(), DeviceError>;
+    fn wait_event(&self, stream: Stream, event: Event) -> Result<(), DeviceError>;
+    /// Milliseconds between two completed events.
+    fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError>;
+}
