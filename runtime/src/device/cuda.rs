@@ -1,1 +1,528 @@
-//! CUDA runtime: being written.
+//! CUDA runtime: the driver API and NVRTC through cudarc's raw `sys` bindings, loaded at run
+//! time (no link-time dependency: libquantshadow.so loads where CUDA is absent).
+//!
+//! cudarc's dynamic loading panics when a library or symbol is missing. Inside someone else's
+//! process a panic is not acceptable, so [`CudaRuntime::load`] first checks that the library
+//! is present and that every symbol this module calls exists; after that no call can hit
+//! cudarc's panic path. NVRTC is checked the same way, lazily, at the first compile.
+
+use super::{
+    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, MappedHost, Module, Stream, Vendor,
+};
+use cudarc::driver::sys as cu;
+use cudarc::nvrtc::sys as nvrtc;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+/// Driver symbols this module calls: all must exist before any is called.
+const DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxGetDevice",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceTotalMem_v2",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemFreeHost",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8Async",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuLaunchKernel",
+    "cuStreamIsCapturing",
+    "cuStreamSynchronize",
+    "cuCtxGetStreamPriorityRange",
+    "cuStreamCreateWithPriority",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuStreamWaitEvent",
+];
+
+const NVRTC_SYMBOLS: &[&str] = &[
+    "nvrtcVersion",
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
+    "nvrtcDestroyProgram",
+];
+
+/// CU_MEMHOSTALLOC_DEVICEMAP (cuda.h): map the allocation into the device address space.
+const CU_MEMHOSTALLOC_DEVICEMAP: u32 = 0x02;
+/// CU_STREAM_NON_BLOCKING (cuda.h): no implicit synchronisation with the legacy stream.
+const CU_STREAM_NON_BLOCKING: u32 = 0x1;
+/// CU_EVENT_DEFAULT (cuda.h): timing enabled.
+const CU_EVENT_DEFAULT: u32 = 0x0;
+
+/// Which library a symbol is looked up in.
+#[derive(Clone, Copy)]
+enum Lib {
+    Driver,
+    Nvrtc,
+}
+
+/// Whether `name` exists in `lib`, without calling it. Only after the library was found
+/// present: cudarc's loader panics otherwise.
+fn symbol_present(lib: Lib, name: &str) -> bool {
+    let mut bytes = name.as_bytes().to_vec();
+    bytes.push(0);
+    // SAFETY: the library is present (checked by the caller); a lookup does not call the symbol.
+    unsafe {
+        match lib {
+            Lib::Driver => cu::culib().get::<*const ()>(&bytes[..]).is_ok(),
+            Lib::Nvrtc => nvrtc::culib().get::<*const ()>(&bytes[..]).is_ok(),
+        }
+    }
+}
+
+/// The CUDA driver, loaded and checked.
+pub struct CudaRuntime {
+    /// cuEventElapsedTime_v2 (CUDA >= 12.8; the only one in CUDA 13 headers) is present.
+    /// Only timing (benchmarks) needs it, so its absence is an error there, not at load.
+    elapsed_v2: bool,
+    nvrtc: OnceLock<Result<(), DeviceError>>,
+}
+
+impl std::fmt::Debug for CudaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaRuntime").finish_non_exhaustive()
+    }
+}
+
+/// Result of a driver call as a `DeviceError` with the driver's own name and text.
+fn check(call: &'static str, status: cu::CUresult) -> Result<(), DeviceError> {
+    if status == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const c_char = std::ptr::null();
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: both symbols were verified at load; the out-pointers are valid locals and the
+    // driver returns static strings (or leaves them null for unknown codes).
+    unsafe {
+        cu::cuGetErrorName(status, &mut name);
+        cu::cuGetErrorString(status, &mut text);
+    }
+    let read = |p: *const c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null strings from the driver are NUL-terminated statics.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    Err(DeviceError::Call { call, code: status as i32, message: format!("{} {}", read(name), read(text)) })
+}
+
+fn check_nvrtc(call: &'static str, status: nvrtc::nvrtcResult) -> Result<(), DeviceError> {
+    if status == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(DeviceError::Call { call, code: status as i32, message: format!("{status:?}") })
+    }
+}
+
+impl CudaRuntime {
+    /// Finds libcuda and checks every symbol this module uses. Makes no driver call, so it is
+    /// safe in any process, with or without a GPU.
+    pub fn load() -> Result<CudaRuntime, DeviceError> {
+        // SAFETY: only tries to dlopen candidate names; nothing is called.
+        if !unsafe { cu::is_culib_present() } {
+            return Err(DeviceError::LibraryMissing {
+                lib: "libcuda",
+                searched: cudarc::get_lib_name_candidates("cuda").join(", "),
+            });
+        }
+        for name in DRIVER_SYMBOLS {
+            if !symbol_present(Lib::Driver, name) {
+                return Err(DeviceError::SymbolMissing { lib: "libcuda", name });
+            }
+        }
+        let elapsed_v2 = symbol_present(Lib::Driver, "cuEventElapsedTime_v2");
+        Ok(CudaRuntime { elapsed_v2, nvrtc: OnceLock::new() })
+    }
+
+    /// For our own processes only (selftest, benchmarks): initialise the driver and make the
+    /// primary context of device `ordinal` current. The shim never calls this: in someone
+    /// else's process it uses the context the engine made current.
+    pub fn activate_primary_context(&self, ordinal: i32) -> Result<(), DeviceError> {
+        let mut device: cu::CUdevice = 0;
+        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: symbols verified at load; out-pointers are valid locals.
+        unsafe {
+            check("cuInit", cu::cuInit(0))?;
+            check("cuDeviceGet", cu::cuDeviceGet(&mut device, ordinal))?;
+            check("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, device))?;
+            check("cuCtxSetCurrent", cu::cuCtxSetCurrent(ctx))
+        }
+    }
+
+    fn ensure_nvrtc(&self) -> Result<(), DeviceError> {
+        self.nvrtc
+            .get_or_init(|| {
+                // SAFETY: only tries to dlopen candidate names.
+                if !unsafe { nvrtc::is_culib_present() } {
+                    return Err(DeviceError::LibraryMissing {
+                        lib: "libnvrtc",
+                        searched: cudarc::get_lib_name_candidates("nvrtc").join(", "),
+                    });
+                }
+                for name in NVRTC_SYMBOLS {
+                    if !symbol_present(Lib::Nvrtc, name) {
+                        return Err(DeviceError::SymbolMissing { lib: "libnvrtc", name });
+                    }
+                }
+                Ok(())
+            })
+            .clone()
+    }
+
+    /// NVRTC's version (major, minor), part of the kernel cache key.
+    pub fn nvrtc_version(&self) -> Result<(i32, i32), DeviceError> {
+        self.ensure_nvrtc()?;
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: symbol verified; out-pointers are valid locals.
+        check_nvrtc("nvrtcVersion", unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) })?;
+        Ok((major, minor))
+    }
+
+    fn current_cu_device(&self) -> Result<cu::CUdevice, DeviceError> {
+        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: symbol verified; out-pointer is a valid local.
+        let status = unsafe { cu::cuCtxGetCurrent(&mut ctx) };
+        if status == cu::CUresult::CUDA_ERROR_NOT_INITIALIZED || status == cu::CUresult::CUDA_ERROR_NO_DEVICE
+        {
+            return Err(DeviceError::NoDevice { vendor: "NVIDIA", detail: format!("{status:?}") });
+        }
+        check("cuCtxGetCurrent", status)?;
+        if ctx.is_null() {
+            return Err(DeviceError::NoContext { vendor: "CUDA" });
+        }
+        let mut device: cu::CUdevice = 0;
+        // SAFETY: a context is current; out-pointer is a valid local.
+        check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut device) })?;
+        Ok(device)
+    }
+
+    fn attribute(&self, device: cu::CUdevice, attribute: cu::CUdevice_attribute) -> Result<i32, DeviceError> {
+        let mut value = 0;
+        // SAFETY: symbol verified; out-pointer is a valid local.
+        check("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut value, attribute, device) })?;
+        Ok(value)
+    }
+}
+
+fn stream(s: Stream) -> cu::CUstream {
+    s.0 as cu::CUstream
+}
+
+impl GpuRuntime for CudaRuntime {
+    fn vendor(&self) -> Vendor {
+        Vendor::Nvidia
+    }
+
+    fn current_device(&self) -> Result<DeviceInfo, DeviceError> {
+        use cu::CUdevice_attribute::*;
+        let device = self.current_cu_device()?;
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates within it.
+        check("cuDeviceGetName", unsafe {
+            cu::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, device)
+        })?;
+        // SAFETY: NUL-terminated by the driver (the buffer was zeroed, so a NUL exists).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let major = self.attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = self.attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let multiprocessors = self.attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let warp_size = self.attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE)?;
+        let mut total = 0usize;
+        // SAFETY: out-pointer is a valid local.
+        check("cuDeviceTotalMem_v2", unsafe { cu::cuDeviceTotalMem_v2(&mut total, device) })?;
+        let mut version = 0;
+        // SAFETY: out-pointer is a valid local.
+        check("cuDriverGetVersion", unsafe { cu::cuDriverGetVersion(&mut version) })?;
+        Ok(DeviceInfo {
+            vendor: Vendor::Nvidia,
+            ordinal: device,
+            name,
+            arch: format!("sm_{major}{minor}"),
+            total_memory: total as u64,
+            multiprocessors: multiprocessors.max(0) as u32,
+            warp_size: warp_size.max(0) as u32,
+            runtime_version: version,
+        })
+    }
+
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError> {
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: out-pointer is a valid local; the current context owns the allocation.
+        check("cuMemAlloc_v2", unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes.max(1)) })?;
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        // SAFETY: the caller guarantees ptr came from malloc and is no longer used.
+        check("cuMemFree_v2", unsafe { cu::cuMemFree_v2(ptr) })
+    }
+
+    fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError> {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        check("cuMemHostAlloc", unsafe {
+            cu::cuMemHostAlloc(&mut host, bytes.max(1), CU_MEMHOSTALLOC_DEVICEMAP)
+        })?;
+        // SAFETY: `host` points at `bytes` bytes just allocated.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
+        let mut device: cu::CUdeviceptr = 0;
+        // SAFETY: host was allocated with DEVICEMAP just above.
+        if let Err(e) = check("cuMemHostGetDevicePointer_v2", unsafe {
+            cu::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+        }) {
+            // SAFETY: allocated above, not yet shared.
+            unsafe { cu::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        Ok(MappedHost { host: host as *mut u8, device, bytes })
+    }
+
+    unsafe fn free_mapped(&self, mapped: &MappedHost) -> Result<(), DeviceError> {
+        // SAFETY: the caller guarantees the mapping came from alloc_mapped and is unused.
+        check("cuMemFreeHost", unsafe { cu::cuMemFreeHost(mapped.host as *mut c_void) })
+    }
+
+    fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        // SAFETY: src is a valid slice; dst validity is the device's to check (errors, not UB,
+        // for a bad device address).
+        check("cuMemcpyHtoD_v2", unsafe {
+            cu::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len())
+        })
+    }
+
+    fn copy_to_host_sync(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
+        // SAFETY: dst is a valid mutable slice of the given length.
+        check("cuMemcpyDtoH_v2", unsafe {
+            cu::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len())
+        })
+    }
+
+    fn copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, s: Stream) -> Result<(), DeviceError> {
+        // SAFETY: device addresses only; the driver reports invalid ones.
+        check("cuMemcpyDtoDAsync_v2", unsafe { cu::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream(s)) })
+    }
+
+    fn memset_async(&self, dst: DevicePtr, value: u8, bytes: usize, s: Stream) -> Result<(), DeviceError> {
+        // SAFETY: device address only; the driver reports invalid ones.
+        check("cuMemsetD8Async", unsafe { cu::cuMemsetD8Async(dst, value, bytes, stream(s)) })
+    }
+
+    fn compile(
+        &self,
+        source: &str,
+        name: &str,
+        arch: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, DeviceError> {
+        self.ensure_nvrtc()?;
+        let to_c =
+            |s: &str| CString::new(s).map_err(|_| DeviceError::Unsupported(format!("NUL byte in {s:?}")));
+        let c_source = to_c(source)?;
+        let c_name = to_c(name)?;
+        let mut all_options = vec![format!("--gpu-architecture={arch}")];
+        all_options.extend(options.iter().cloned());
+        let c_options = all_options.iter().map(|o| to_c(o)).collect::<Result<Vec<_>, _>>()?;
+        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
+        let mut program: nvrtc::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: NVRTC verified; all strings are NUL-terminated and outlive the program.
+        check_nvrtc("nvrtcCreateProgram", unsafe {
+            nvrtc::nvrtcCreateProgram(
+                &mut program,
+                c_source.as_ptr(),
+                c_name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        })?;
+        // SAFETY: program is valid until destroyed below; option pointers outlive the call.
+        let compiled =
+            unsafe { nvrtc::nvrtcCompileProgram(program, option_ptrs.len() as i32, option_ptrs.as_ptr()) };
+        let result = if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+            Err(DeviceError::Compile {
+                name: name.to_string(),
+                arch: arch.to_string(),
+                options: all_options.join(" "),
+                log: program_log(program),
+            })
+        } else {
+            let mut size = 0usize;
+            // SAFETY: compiled program; out-pointer is a valid local.
+            check_nvrtc("nvrtcGetCUBINSize", unsafe { nvrtc::nvrtcGetCUBINSize(program, &mut size) })
+                .and_then(|_| {
+                    let mut image = vec![0u8; size];
+                    // SAFETY: image holds exactly `size` bytes as NVRTC asked.
+                    check_nvrtc("nvrtcGetCUBIN", unsafe {
+                        nvrtc::nvrtcGetCUBIN(program, image.as_mut_ptr() as *mut c_char)
+                    })
+                    .map(|_| image)
+                })
+        };
+        // SAFETY: program was created above and is destroyed once.
+        unsafe { nvrtc::nvrtcDestroyProgram(&mut program) };
+        result
+    }
+
+    fn load_module(&self, image: &[u8]) -> Result<Module, DeviceError> {
+        let mut module: cu::CUmodule = std::ptr::null_mut();
+        // SAFETY: image is a complete CUBIN produced by NVRTC (or read back from our cache,
+        // whose entries are checked before use); the driver validates it.
+        check("cuModuleLoadData", unsafe {
+            cu::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void)
+        })?;
+        Ok(Module(module as u64))
+    }
+
+    fn get_function(&self, module: Module, name: &str) -> Result<Function, DeviceError> {
+        let c_name =
+            CString::new(name).map_err(|_| DeviceError::Unsupported(format!("NUL byte in {name:?}")))?;
+        let mut function: cu::CUfunction = std::ptr::null_mut();
+        // SAFETY: module came from load_module; the name is NUL-terminated.
+        check("cuModuleGetFunction", unsafe {
+            cu::cuModuleGetFunction(&mut function, module.0 as cu::CUmodule, c_name.as_ptr())
+        })?;
+        Ok(Function(function as u64))
+    }
+
+    unsafe fn launch(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        s: Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller guarantees params match the kernel's signature.
+        check("cuLaunchKernel", unsafe {
+            cu::cuLaunchKernel(
+                function.0 as cu::CUfunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_bytes,
+                stream(s),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    fn is_capturing(&self, s: Stream) -> Result<bool, DeviceError> {
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: out-pointer is a valid local.
+        check("cuStreamIsCapturing", unsafe { cu::cuStreamIsCapturing(stream(s), &mut status) })?;
+        Ok(status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    fn synchronize(&self, s: Stream) -> Result<(), DeviceError> {
+        // SAFETY: stream handle only; the driver validates it.
+        check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(stream(s)) })
+    }
+
+    fn create_side_stream(&self) -> Result<Stream, DeviceError> {
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: out-pointers are valid locals.
+        check("cuCtxGetStreamPriorityRange", unsafe {
+            cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
+        })?;
+        let mut s: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local; `least` is the lowest priority.
+        check("cuStreamCreateWithPriority", unsafe {
+            cu::cuStreamCreateWithPriority(&mut s, CU_STREAM_NON_BLOCKING, least)
+        })?;
+        Ok(Stream(s as u64))
+    }
+
+    fn create_event(&self) -> Result<Event, DeviceError> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        check("cuEventCreate", unsafe { cu::cuEventCreate(&mut e, CU_EVENT_DEFAULT) })?;
+        Ok(Event(e as u64))
+    }
+
+    fn record_event(&self, event: Event, s: Stream) -> Result<(), DeviceError> {
+        // SAFETY: handles only; the driver validates them.
+        check("cuEventRecord", unsafe { cu::cuEventRecord(event.0 as cu::CUevent, stream(s)) })
+    }
+
+    fn wait_event(&self, s: Stream, event: Event) -> Result<(), DeviceError> {
+        // SAFETY: handles only; the driver validates them.
+        check("cuStreamWaitEvent", unsafe { cu::cuStreamWaitEvent(stream(s), event.0 as cu::CUevent, 0) })
+    }
+
+    fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError> {
+        let mut ms = 0f32;
+        let (a, b) = (start.0 as cu::CUevent, end.0 as cu::CUevent);
+        if !self.elapsed_v2 {
+            return Err(DeviceError::SymbolMissing { lib: "libcuda", name: "cuEventElapsedTime_v2" });
+        }
+        // SAFETY: load() found the symbol present; out-pointer is a valid local.
+        let status = unsafe { cu::cuEventElapsedTime_v2(&mut ms, a, b) };
+        check("cuEventElapsedTime", status)?;
+        Ok(ms)
+    }
+}
+
+/// The compile log of an NVRTC program (empty if it cannot be read).
+fn program_log(program: nvrtc::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    // SAFETY: program is valid; out-pointer is a valid local.
+    if unsafe { nvrtc::nvrtcGetProgramLogSize(program, &mut size) } != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let mut log = vec![0u8; size.max(1)];
+    // SAFETY: log holds `size` bytes as NVRTC asked.
+    if unsafe { nvrtc::nvrtcGetProgramLog(program, log.as_mut_ptr() as *mut c_char) }
+        != nvrtc::nvrtcResult::NVRTC_SUCCESS
+    {
+        return String::new();
+    }
+    String::from_utf8_lossy(&log).trim_end_matches('\0').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_or_reports_a_clean_error() {
+        // Without a driver (CI), a typed error naming what was searched; with one, a runtime
+        // whose device query either works or says there is no context / device.
+        match CudaRuntime::load() {
+            Err(DeviceError::LibraryMissing { lib, searched }) => {
+                assert_eq!(lib, "libcuda");
+                assert!(searched.contains("libcuda.so"));
+            }
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(runtime) => match runtime.current_device() {
+                Ok(info) => assert!(info.arch.starts_with("sm_")),
+                Err(DeviceError::NoContext { .. } | DeviceError::NoDevice { .. }) => {}
+                Err(other) => panic!("unexpected error: {other}"),
+            },
+        }
+    }
+}

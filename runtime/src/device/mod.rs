@@ -117,12 +117,30 @@ pub trait GpuRuntime: Send + Sync {
 
     fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError>;
     fn copy_to_host_sync(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError>;
-    fn copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<(), DeviceError>;
-    fn memset_async(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<(), DeviceError>;
+    fn copy_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<(), DeviceError>;
+    fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<(), DeviceError>;
 
     /// Compiles CUDA/HIP C++ `source` for `arch` with the run-time compiler; returns the image
     /// to load (PTX or CUBIN on NVIDIA, a code object on AMD).
-    fn compile(&self, source: &str, name: &str, arch: &str, options: &[String]) -> Result<Vec<u8>, DeviceError>;
+    fn compile(
+        &self,
+        source: &str,
+        name: &str,
+        arch: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, DeviceError>;
     fn load_module(&self, image: &[u8]) -> Result<Module, DeviceError>;
     fn get_function(&self, module: Module, name: &str) -> Result<Function, DeviceError>;
 
