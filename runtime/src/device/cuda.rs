@@ -327,12 +327,18 @@ impl GpuRuntime for CudaRuntime {
         check("cuMemsetD8Async", unsafe { cu::cuMemsetD8Async(dst, value, bytes, stream(s)) })
     }
 
+    fn compiler_version(&self) -> Result<String, DeviceError> {
+        let (major, minor) = self.nvrtc_version()?;
+        Ok(format!("nvrtc {major}.{minor}"))
+    }
+
     fn compile(
         &self,
         source: &str,
         name: &str,
         arch: &str,
         options: &[String],
+        headers: &[(&str, &str)],
     ) -> Result<Vec<u8>, DeviceError> {
         self.ensure_nvrtc()?;
         let to_c =
@@ -343,16 +349,21 @@ impl GpuRuntime for CudaRuntime {
         all_options.extend(options.iter().cloned());
         let c_options = all_options.iter().map(|o| to_c(o)).collect::<Result<Vec<_>, _>>()?;
         let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
+        let header_names = headers.iter().map(|(n, _)| to_c(n)).collect::<Result<Vec<_>, _>>()?;
+        let header_texts = headers.iter().map(|(_, t)| to_c(t)).collect::<Result<Vec<_>, _>>()?;
+        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
+        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|h| h.as_ptr()).collect();
         let mut program: nvrtc::nvrtcProgram = std::ptr::null_mut();
-        // SAFETY: NVRTC verified; all strings are NUL-terminated and outlive the program.
+        // SAFETY: NVRTC verified; all strings are NUL-terminated and outlive the program; the
+        // header arrays have `headers.len()` entries each.
         check_nvrtc("nvrtcCreateProgram", unsafe {
             nvrtc::nvrtcCreateProgram(
                 &mut program,
                 c_source.as_ptr(),
                 c_name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
+                headers.len() as i32,
+                text_ptrs.as_ptr(),
+                name_ptrs.as_ptr(),
             )
         })?;
         // SAFETY: program is valid until destroyed below; option pointers outlive the call.

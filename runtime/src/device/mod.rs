@@ -132,15 +132,20 @@ pub trait GpuRuntime: Send + Sync {
         stream: Stream,
     ) -> Result<(), DeviceError>;
 
-    /// Compiles CUDA/HIP C++ `source` for `arch` with the run-time compiler; returns the image
-    /// to load (PTX or CUBIN on NVIDIA, a code object on AMD).
+    /// Compiles CUDA/HIP C++ `source` for `arch` with the run-time compiler; `headers` are
+    /// (include name, text) pairs served from memory (no file-system includes). Returns the
+    /// image to load (CUBIN on NVIDIA, a code object on AMD).
     fn compile(
         &self,
         source: &str,
         name: &str,
         arch: &str,
         options: &[String],
+        headers: &[(&str, &str)],
     ) -> Result<Vec<u8>, DeviceError>;
+
+    /// Version of the run-time compiler, part of the kernel cache key.
+    fn compiler_version(&self) -> Result<String, DeviceError>;
     fn load_module(&self, image: &[u8]) -> Result<Module, DeviceError>;
     fn get_function(&self, module: Module, name: &str) -> Result<Function, DeviceError>;
 
