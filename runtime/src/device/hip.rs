@@ -1,1 +1,0 @@
-//! HIP runtime: being written.
