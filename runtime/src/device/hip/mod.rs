@@ -374,12 +374,19 @@ impl GpuRuntime for HipRuntime {
         unsafe { result::memset_d8_async(&self.hip, device_ptr(dst), value, bytes, stream_ptr(stream)) }
     }
 
+    fn compiler_version(&self) -> Result<String, DeviceError> {
+        // hipRTC ships with the HIP runtime: its version and the file it came from identify it.
+        let version = result::runtime_get_version(&self.hip)?;
+        Ok(format!("hiprtc (HIP runtime {version}) {}", self.rtc()?.path))
+    }
+
     fn compile(
         &self,
         source: &str,
         name: &str,
         arch: &str,
         options: &[String],
+        headers: &[(&str, &str)],
     ) -> Result<Vec<u8>, DeviceError> {
         let mut all_options = vec![format!("--offload-arch={arch}")];
         all_options.extend(options.iter().cloned());
@@ -406,7 +413,12 @@ impl GpuRuntime for HipRuntime {
             .map_err(|_| compile_error("an option contains a NUL byte".into()))?;
         let option_ptrs: Vec<_> = c_options.iter().map(|o| o.as_ptr()).collect();
 
-        let program = result::Program::create(rtc, &c_source, &c_name)?;
+        let c_headers = headers
+            .iter()
+            .map(|(n, t)| Ok((CString::new(*n)?, CString::new(*t)?)))
+            .collect::<Result<Vec<_>, std::ffi::NulError>>()
+            .map_err(|_| compile_error("a header contains a NUL byte".into()))?;
+        let program = result::Program::create(rtc, &c_source, &c_name, &c_headers)?;
         self.check_target_known(arch).map_err(&compile_error)?;
         let status = program.compile(&option_ptrs)?;
         if status != sys::HIPRTC_SUCCESS {

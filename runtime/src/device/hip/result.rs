@@ -5,7 +5,7 @@
 //! Out-parameters start zeroed rather than uninitialised: a library that reports success
 //! without writing one leaves a defined zero behind, not undefined behaviour.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr;
 
 use super::sys::{self, HipLib, HipStatus, RtcLib, RtcStatus};
@@ -375,13 +375,26 @@ pub struct Program<'a> {
 }
 
 impl<'a> Program<'a> {
-    pub fn create(rtc: &'a RtcLib, source: &CStr, name: &CStr) -> Result<Self, DeviceError> {
+    /// `headers` are (include name, text) pairs served from memory.
+    pub fn create(
+        rtc: &'a RtcLib,
+        source: &CStr,
+        name: &CStr,
+        headers: &[(CString, CString)],
+    ) -> Result<Self, DeviceError> {
         let f = need!(rtc, hiprtcCreateProgram);
         // Checked before creating so that a program never exists without a way to destroy it.
         need!(rtc, hiprtcDestroyProgram);
         let mut handle = ptr::null_mut();
-        // SAFETY: both strings are NUL-terminated; no headers (count 0, null arrays).
-        let status = unsafe { f(&mut handle, source.as_ptr(), name.as_ptr(), 0, ptr::null(), ptr::null()) };
+        let names: Vec<*const c_char> = headers.iter().map(|(n, _)| n.as_ptr()).collect();
+        let texts: Vec<*const c_char> = headers.iter().map(|(_, t)| t.as_ptr()).collect();
+        let (names_ptr, texts_ptr) =
+            if headers.is_empty() { (ptr::null(), ptr::null()) } else { (names.as_ptr(), texts.as_ptr()) };
+        // SAFETY: all strings are NUL-terminated and outlive the call; both header arrays have
+        // `headers.len()` entries (or are null with a count of 0).
+        let status = unsafe {
+            f(&mut handle, source.as_ptr(), name.as_ptr(), headers.len() as c_int, texts_ptr, names_ptr)
+        };
         rtc_check(rtc, "hiprtcCreateProgram", status)?;
         Ok(Program { rtc, handle })
     }
