@@ -589,14 +589,15 @@ fn modules_functions_and_launch_arguments() {
 fn compile_passes_the_target_first_then_the_options() {
     let rt = fake(&fakes().gpu6);
     assert_eq!(rt.hiprtc_path().unwrap(), rt.library_path(), "hipRTC taken from the HIP library itself");
-    let image = rt.compile("extern \"C\" __global__ void k() {}", "k.cu", "gfx90a", &["-O3".into()]).unwrap();
+    let image =
+        rt.compile("extern \"C\" __global__ void k() {}", "k.cu", "gfx90a", &["-O3".into()], &[]).unwrap();
     assert_eq!(image, b"\x7fELF--offload-arch=gfx90a|-O3");
 }
 
 #[test]
 fn compile_failure_keeps_the_log_and_the_options() {
     let rt = fake(&fakes().gpu6);
-    match rt.compile("#error no\n", "bad.cu", "gfx90a", &["-O3".into()]).unwrap_err() {
+    match rt.compile("#error no\n", "bad.cu", "gfx90a", &["-O3".into()], &[]).unwrap_err() {
         DeviceError::Compile { name, arch, options, log } => {
             assert_eq!((name.as_str(), arch.as_str()), ("bad.cu", "gfx90a"));
             assert_eq!(options, "--offload-arch=gfx90a -O3");
@@ -605,11 +606,11 @@ fn compile_failure_keeps_the_log_and_the_options() {
         }
         other => panic!("{other:?}"),
     }
-    match rt.compile("", "k.cu", "sm_90", &[]).unwrap_err() {
+    match rt.compile("", "k.cu", "sm_90", &[], &[]).unwrap_err() {
         DeviceError::Compile { log, .. } => assert!(log.contains("not an AMD GPU target"), "{log}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(rt.compile("a\0b", "k.cu", "gfx90a", &[]), Err(DeviceError::Compile { .. })));
+    assert!(matches!(rt.compile("a\0b", "k.cu", "gfx90a", &[], &[]), Err(DeviceError::Compile { .. })));
 }
 
 #[test]
@@ -620,7 +621,7 @@ fn compile_without_hiprtc_is_library_missing() {
     let rt = HipRuntime::load_with(&options).unwrap();
     for _ in 0..2 {
         // The outcome is kept: the second call gives the same error without searching again.
-        match rt.compile("", "k.cu", "gfx90a", &[]).unwrap_err() {
+        match rt.compile("", "k.cu", "gfx90a", &[], &[]).unwrap_err() {
             DeviceError::LibraryMissing { lib: "libhiprtc", searched } => {
                 assert!(searched.contains(&missing.display().to_string()), "{searched}")
             }
@@ -837,7 +838,7 @@ fn real_hiprtc_compiles_without_a_gpu() {
     }
     let rt = HipRuntime::load_with(&HipLoadOptions::default()).unwrap();
     let source = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }";
-    let result = rt.compile(source, "twice.cu", "gfx90a", &["-O3".into()]);
+    let result = rt.compile(source, "twice.cu", "gfx90a", &["-O3".into()], &[]);
     if !real_hiprtc_installed(rt.library_path()) {
         assert!(matches!(result, Err(DeviceError::LibraryMissing { lib: "libhiprtc", .. })), "{result:?}");
         return;
@@ -849,7 +850,7 @@ fn real_hiprtc_compiles_without_a_gpu() {
     assert_eq!(image[0x30], 0x3f, "e_flags mach");
     assert!(image.windows(6).any(|w| w == b"twice\0"), "kernel symbol in the code object");
 
-    match rt.compile("__global__ void f() { syntax error }", "bad.cu", "gfx90a", &[]).unwrap_err() {
+    match rt.compile("__global__ void f() { syntax error }", "bad.cu", "gfx90a", &[], &[]).unwrap_err() {
         DeviceError::Compile { log, options, .. } => {
             assert!(log.contains("error"), "{log}");
             assert_eq!(options, "--offload-arch=gfx90a");
@@ -859,8 +860,27 @@ fn real_hiprtc_compiles_without_a_gpu() {
 
     // A well-formed target no compiler knows: refused with the list of known targets (ROCm
     // 5.2's hipRTC aborts the process if asked to compile for it).
-    match rt.compile(source, "twice.cu", "gfx9999", &[]).unwrap_err() {
+    match rt.compile(source, "twice.cu", "gfx9999", &[], &[]).unwrap_err() {
         DeviceError::Compile { log, .. } => assert!(log.contains("gfx9999"), "{log}"),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn real_hiprtc_serves_in_memory_headers() {
+    if !real_hip_installed() {
+        return; // covered by real_library_loads_or_is_reported_missing
+    }
+    let rt = HipRuntime::load_with(&HipLoadOptions::default()).unwrap();
+    if !real_hiprtc_installed(rt.library_path()) {
+        return;
+    }
+    let source = "#include \"qs_twice.h\"\nextern \"C\" __global__ void twice(float* x) { x[threadIdx.x] = TWICE(x[threadIdx.x]); }";
+    let headers = [("qs_twice.h", "#define TWICE(v) ((v) * 2.0f)\n")];
+    let image = rt
+        .compile(source, "twice.cu", "gfx90a", &["-O3".into()], &headers)
+        .expect("header served from memory");
+    assert!(image.starts_with(b"\x7fELF") || !image.is_empty());
+    // Without the header the same source does not compile: the header really came from memory.
+    assert!(matches!(rt.compile(source, "twice.cu", "gfx90a", &[], &[]), Err(DeviceError::Compile { .. })));
 }
