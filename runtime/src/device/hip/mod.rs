@@ -402,6 +402,11 @@ impl GpuRuntime for HipRuntime {
             )));
         }
         let rtc = self.rtc()?;
+        // hipRTC (with comgr) is not safe to call from two threads at once: two concurrent
+        // compiles in one process crashed ROCm 5.2's (seen in this crate's tests). Kernels are
+        // compiled once per program and cached, so serialising costs nothing that matters.
+        static COMPILE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _serialised = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
         let c_source =
             CString::new(source).map_err(|_| compile_error("the source contains a NUL byte".into()))?;
         let c_name =
