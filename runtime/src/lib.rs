@@ -20,3 +20,4 @@ pub mod rng;
 pub mod runfile;
 pub mod thresholds;
 pub mod transport;
+pub mod vendor;
