@@ -1,0 +1,430 @@
+// The binary interface between the Rust runtime and the device kernels: every struct passed
+// to a kernel (by value, as its single parameter) and every struct the kernels write (result
+// ring slots, scratch). runtime/src/device/abi.rs mirrors each struct field for field with
+// #[repr(C)]; both sides assert the sizes and offsets below, so a change on one side that is
+// not made on the other fails to compile.
+//
+// Layout rules: only fixed-width fields; u64/f64 first, then u32; explicit `reserved` padding
+// so there is no implicit padding anywhere; every struct a multiple of 8 bytes. Addresses are
+// u64 (device pointers, or mapped host pointers for the ring). Element counts, leading
+// dimensions and strides are in elements of the buffer's own format (packed 4-bit formats:
+// elements, not bytes), as in runtime/src/problem.rs.
+#pragma once
+#include "qs_portability.h"
+
+#define QS_ABI_VERSION 1u
+#define QS_MAX_PROBES 32
+#define QS_MAX_TOPK 16
+#define QS_MAX_SPLITS 64 /* gridDim.y of qs_sketch_check */
+#define QS_RING_MAGIC 0x47525351u /* "QSRG" little-endian */
+
+// Memory order of a stored matrix (problem.rs Order).
+#define QS_ORDER_ROW 0u
+#define QS_ORDER_COL 1u
+// Whether op() transposes the stored matrix (problem.rs Transpose).
+#define QS_TRANS_N 0u
+#define QS_TRANS_T 1u
+
+// Scale granularity (problem.rs ScaleGranularity). Informational for kernels, which use the
+// block and grid dimensions the host resolved with block_shape() and grid().
+#define QS_GRAN_NONE 0u
+#define QS_GRAN_TENSOR 1u
+#define QS_GRAN_PER_OUTER 2u
+#define QS_GRAN_PER_INNER 3u
+#define QS_GRAN_BLOCK 4u
+#define QS_GRAN_MX32 5u
+#define QS_GRAN_NVFP4 6u
+
+// Scale storage (problem.rs ScaleStorage).
+#define QS_SCALE_OUTER_MAJOR 0u
+#define QS_SCALE_INNER_MAJOR 1u
+#define QS_SCALE_SWIZZLED_128X4 2u
+
+#define QS_ACT_NONE 0u
+#define QS_ACT_RELU 1u
+#define QS_ACT_GELU_TANH 2u
+
+#define QS_BIAS_ROWS 0u
+#define QS_BIAS_COLS 1u
+
+// Which rows a launch covers (QsRowSel::mode).
+#define QS_ROWS_ALL 0u  /* t -> t, for t < count (count <= total_rows) */
+#define QS_ROWS_LIST 1u /* t -> list[t] */
+#define QS_ROWS_PERM 2u /* t -> perm((epoch * stride + t) mod total_rows) */
+
+// Kind of check recorded in a result slot (record CheckMode, plus the logits variant).
+#define QS_CHECK_SKETCH 1u
+#define QS_CHECK_ROWS 2u
+#define QS_CHECK_FULL 3u
+#define QS_CHECK_LOGITS 4u
+
+// Status bits (QsResultSlot::status; also OR'ed into a check's status word by earlier kernels).
+#define QS_STATUS_OUT_OF_BOUNDS 1u  /* an index fell outside a descriptor's extent; read as 0 */
+#define QS_STATUS_BAD_DESCRIPTOR 2u /* format differs from the specialisation, bad grid, k... */
+#define QS_STATUS_NONLINEAR 4u      /* sketch of a non-linear epilogue: results meaningless */
+#define QS_STATUS_BAD_SCALAR 8u     /* d_scale zero or non-finite: y not rescaled */
+#define QS_STATUS_REF_NONFINITE 16u /* the reference side has NaN/Inf */
+
+// ---------------------------------------------------------------------------------------------
+// Problem descriptors
+// ---------------------------------------------------------------------------------------------
+
+// A stored matrix (problem.rs MatrixLayout plus its address and op()).
+struct QsMatrixDesc {
+    qs_u64 ptr;          // 0: absent (C only)
+    qs_u64 ld;           // elements between rows (row-major) or columns (column-major)
+    qs_u64 batch_stride; // elements between batch items; 0 = one matrix for every item
+    qs_u64 extent;       // elements the buffer holds: no element at or past it is touched
+    qs_u32 format;       // QS_FMT_*
+    qs_u32 order;        // QS_ORDER_*
+    qs_u32 trans;        // QS_TRANS_* (A and B; 0 for C and D)
+    qs_u32 reserved;
+};
+
+// Scale factors of A or B in outer (M for A, N for B) x inner (K) block coordinates.
+// Entry of element (outer, inner) of batch item b:
+//   b * batch_stride + entry(outer / block_outer, inner / block_inner)
+// with entry() of problem.rs ScaleSpec::entry_index for `storage` (ld already resolved: never 0).
+struct QsScaleDesc {
+    qs_u64 ptr; // 0: no scale (factor 1)
+    qs_u64 ld;
+    qs_u64 batch_stride;
+    qs_u64 extent; // entries the buffer holds
+    qs_u32 format; // QS_FMT_F32 / F16 / BF16 / UE8M0 / UE4M3
+    qs_u32 storage;
+    qs_u32 granularity;
+    qs_u32 block_outer;
+    qs_u32 block_inner;
+    qs_u32 grid_outer;
+    qs_u32 grid_inner;
+    qs_u32 reserved;
+};
+
+// A scalar: a host value, or one element of `format` at a device address read by the kernel.
+struct QsScalar {
+    qs_f64 value;
+    qs_u64 ptr;
+    qs_u32 format;
+    qs_u32 on_device; // 1: read ptr, 0: use value
+};
+
+struct QsBiasDesc {
+    qs_u64 ptr; // 0: no bias
+    qs_u64 extent;
+    qs_u32 format;
+    qs_u32 axis; // QS_BIAS_ROWS (length M) / QS_BIAS_COLS (length N)
+};
+
+// One GEMM call (problem.rs GemmProblem + GemmBuffers):
+//   acc = sum_k a(i,k) sa(i,k) a_ts * b(k,j) sb(k,j) b_ts
+//   t   = alpha acc + beta c(i,j) + bias;   d = round_d(act(t) * d_scale)
+struct QsGemmDesc {
+    qs_u64 m, n, k, batch;
+    QsMatrixDesc a, b, c, d;
+    QsScaleDesc a_scale, b_scale;
+    QsScalar alpha, beta, a_tensor_scale, b_tensor_scale, d_scale;
+    QsBiasDesc bias;
+    qs_u32 activation; // QS_ACT_*
+    qs_u32 reserved0;
+    qs_u64 reserved1;
+};
+
+// Rows of D a launch covers. Rows are global: r = batch_item * M + i, total_rows = batch * M.
+// PERM: t -> (a * x + b) mod total_rows with x = (epoch * stride + t) mod total_rows, where
+// epoch is *epoch_ptr (a per-site u64 counter in device memory) or epoch_value when
+// epoch_ptr is 0. The launch with advance_epoch = 1 increments *epoch_ptr once, in its last
+// block, after every block has read it: so graph replays advance it and every kernel of one
+// check sees the same epoch.
+struct QsRowSel {
+    qs_u64 total_rows;
+    qs_u64 count; // rows covered by this launch, t in [0, count)
+    qs_u64 stride;
+    qs_u64 perm_a;
+    qs_u64 perm_b;
+    qs_u64 list_ptr; // u64[count] global row indices (LIST)
+    qs_u64 epoch_ptr;
+    qs_u64 epoch_value;
+    qs_u32 mode; // QS_ROWS_*
+    qs_u32 advance_epoch;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Result ring
+// ---------------------------------------------------------------------------------------------
+
+// In mapped pinned host memory, written by the host except `dropped`.
+struct QsRingHeader {
+    qs_u32 magic;       // QS_RING_MAGIC
+    qs_u32 abi_version; // QS_ABI_VERSION
+    qs_u32 slot_size;   // sizeof(QsResultSlot)
+    qs_u32 capacity;    // slots
+    qs_u64 consumed;    // host poller: every ticket below this has been read
+    qs_u64 dropped;     // device: copy of QsRingCtl::dropped (a lower bound while running)
+    qs_u64 reserved[4];
+};
+
+// In device memory (atomics on mapped host memory are not atomic across the bus).
+struct QsRingCtl {
+    qs_u64 head;    // next ticket
+    qs_u64 dropped; // results not written because the ring was full
+};
+
+struct QsRingDesc {
+    qs_u64 header_ptr; // QsRingHeader* (mapped host memory)
+    qs_u64 slots_ptr;  // QsResultSlot[capacity] (mapped host memory)
+    qs_u64 ctl_ptr;    // QsRingCtl* (device memory)
+    qs_u32 capacity;
+    qs_u32 reserved;
+};
+
+// One result. The finishing block claims ticket T (head - consumed < capacity, else the result
+// is dropped and counted), writes slot T % capacity, fences at system scope and then writes
+// ready = T + 1. The poller reads slot (c % capacity) once its ready == c + 1, then publishes
+// consumed = c + 1; a slot is never rewritten before it was consumed.
+//
+// Sketch slots: the MetricSums fields are over the (row, probe) pairs (y_ip, x_ip) with
+// y = D R / d_scale and x = the reference projected likewise, so nan/inf counts count
+// projections; elem_nan_prod / elem_inf_prod count elements of D in the sampled rows.
+struct QsResultSlot {
+    qs_u64 ready;
+    qs_u64 ticket;
+    qs_u64 tag;  // host-chosen (site id)
+    qs_u64 tag2; // host-chosen (call ordinal at enqueue or capture)
+    qs_u64 epoch;
+    qs_u32 kind;   // QS_CHECK_*
+    qs_u32 status; // QS_STATUS_*
+    qs_u32 probes; // k (sketch)
+    qs_u32 topk;   // logits k
+    qs_u64 rows_checked;
+    // metrics.rs MetricSums, field for field.
+    qs_f64 dot, prod_sq, ref_sq, diff_sq, max_abs_err;
+    qs_u64 finite, pairs, nan_prod, inf_prod, nan_ref, inf_ref;
+    // Lowest per-row cosine (compare_matrix rules: a row with a non-finite value is -1; ties
+    // keep the earlier sample position). worst_row = ~0 when no row was checked.
+    qs_u64 worst_row;
+    qs_f64 worst_cosine, worst_dot, worst_prod_sq, worst_ref_sq;
+    qs_u64 elem_nan_prod, elem_inf_prod;
+    // Logits (QS_CHECK_LOGITS): sums over rows; the top lists are those of the row with the
+    // largest KL.
+    qs_u64 logits_rows, top1_agree, topk_hits, kl_nonfinite_rows;
+    qs_f64 kl_sum, kl_max;
+    qs_u64 kl_max_row;
+    qs_u32 prod_top_idx[QS_MAX_TOPK];
+    qs_f32 prod_top_val[QS_MAX_TOPK];
+    qs_u32 ref_top_idx[QS_MAX_TOPK];
+    qs_f32 ref_top_val[QS_MAX_TOPK];
+    // Sketch fingerprints: sum over the sampled rows of y_ip and x_ip (finite pairs only).
+    qs_f64 sketch_prod[QS_MAX_PROBES];
+    qs_f64 sketch_ref[QS_MAX_PROBES];
+    qs_u64 reserved[15];
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kernel parameters (each kernel takes one of these by value)
+// ---------------------------------------------------------------------------------------------
+
+// qs_gemm_ref_{a}_{b} (rows = ALL over batch * M) and qs_gemm_ref_rows_{a}_{b}.
+// Writes out[t * out_ld + j] = d_scale * act(alpha acc + beta c + bias) for the selected rows
+// (t = global row for the full variant), rounded to D's format when round_to_d = 1: what D
+// should hold, in D's units.
+struct QsRefParams {
+    QsGemmDesc g;
+    QsRowSel rows;
+    qs_u64 out_ptr; // f32
+    qs_u64 out_ld;
+    qs_u64 status_ptr; // u32 status word of the check (0: none)
+    qs_u32 round_to_d;
+    qs_u32 reserved;
+};
+
+// qs_sketch_prep: sign words, column sums of R and the bias projection, once per (seed, N, bias).
+struct QsPrepParams {
+    qs_u64 n;
+    qs_u64 seed;
+    qs_u64 signs_ptr;    // u32[n]: bit p set when r(j, p) = -1
+    qs_u64 rsum_ptr;     // f64[QS_MAX_PROBES]: sum_j r(j, p)
+    qs_u64 bproj_ptr;    // f64[QS_MAX_PROBES]: sum_j bias_j r(j, p) (column bias), else 0
+    qs_u64 partials_ptr; // f64[gridDim.x][2][QS_MAX_PROBES]
+    qs_u64 counter_ptr;  // u32, 0 before the first launch; the last block resets it
+    qs_u64 status_ptr;
+    QsBiasDesc bias;
+    qs_u32 k;
+    qs_u32 reserved;
+};
+
+// qs_sketch_wproj_{b}: W_R[item][kk][p] = sum_j b(kk, j) sb(kk, j) r(j, p), p < kp, f32,
+// without b's tensor scale (read per call by the check). One W_R per batch item of B.
+struct QsWprojParams {
+    QsMatrixDesc b;
+    QsScaleDesc b_scale;
+    qs_u64 k_dim;
+    qs_u64 n_dim;
+    qs_u64 items; // W_R matrices (gridDim.z)
+    qs_u64 signs_ptr;
+    qs_u64 out_ptr; // f32[items][k_dim][kp]
+    qs_u64 status_ptr;
+    qs_u32 kp; // 8, 16 or 32
+    qs_u32 reserved;
+};
+
+// qs_sketch_check_{a}_{d}: grid (groups, splits), QS_BLOCK threads; group g covers sample
+// positions [g * rows_per_group, ...), one warp per row; split s covers one slice of K (for
+// A W_R) and of N (for D R and C R).
+struct QsSketchParams {
+    QsGemmDesc g;
+    QsRowSel rows;
+    QsRingDesc ring;
+    qs_u64 tag;
+    qs_u64 tag2;
+    qs_u64 signs_ptr;
+    qs_u64 wr_ptr;
+    qs_u64 wr_batch_stride; // elements between W_R items; 0 = one W_R for every batch item
+    qs_u64 rsum_ptr;
+    qs_u64 bproj_ptr;
+    qs_u64 partials_ptr;  // f64[groups][splits][rows_per_group][3][kp]
+    qs_u64 counts_ptr;    // u64[groups][splits][2]
+    qs_u64 group_ptr;     // QsSketchGroup[groups]
+    qs_u64 counters_ptr;  // u32[groups + 1], zero before the first launch, reset by the kernel
+    qs_u64 status_ptr;    // u32 status word, folded into the slot and reset
+    qs_u64 row_stats_ptr; // optional f64[count][3] per-row (dot, yy, xx); 0 = not written
+    qs_u32 k;
+    qs_u32 kp;
+    qs_u32 splits;
+    qs_u32 rows_per_group;
+};
+
+// qs_compare_{d} and qs_compare_logits_{d}: D rows vs the f32 reference rows. Grid-stride over
+// the rows: any grid.x; QS_BLOCK threads. The logits variant always takes a block per row.
+struct QsCompareParams {
+    QsMatrixDesc d;
+    QsRowSel rows;
+    QsRingDesc ring;
+    qs_u64 tag;
+    qs_u64 tag2;
+    qs_u64 m; // rows per batch item
+    qs_u64 n;
+    qs_u64 ref_ptr; // f32: reference row t at ref_ptr + t * ref_ld
+    qs_u64 ref_ld;
+    qs_u64 partials_ptr;  // QsComparePartial[gridDim.x]
+    qs_u64 rowout_ptr;    // QsLogitsRow[count] (logits variant)
+    qs_u64 counter_ptr;   // u32
+    qs_u64 status_ptr;    // u32 status word of the check, folded into the slot and reset
+    qs_u64 row_stats_ptr; // optional f64[count][3] per-row (dot, pp, rr)
+    qs_u32 kind;          // QS_CHECK_ROWS / QS_CHECK_FULL / QS_CHECK_LOGITS
+    qs_u32 topk;          // logits: 1..QS_MAX_TOPK
+    qs_u32 block_per_row; // 1: a block per row (long rows, logits); 0: a warp per row
+    qs_u32 reserved;
+};
+
+// qs_selftest_*: element-wise probes of the device helpers, compared bit for bit with the host
+// (formats.rs, rng.rs, sketch.rs, problem.rs) by the GPU selftest. Grid-stride over n.
+//   decode:      in u32 codes           -> out f64[2n]: (decode_f64, decode_f32 as f64)
+//   encode:      in f64 values          -> out u32[n] : encode(format, value)
+//   hash:        in u64 indices x       -> out u64[3n]: hash3(seed, stream, x), probe sign bit
+//                                                       r(x, stream) (seed), perm row of t = x
+//   scale_entry: in u64 (b, outer, inner) triples -> out u64[n]: entry_for_element
+struct QsSelftestParams {
+    qs_u64 in_ptr;
+    qs_u64 out_ptr;
+    qs_u64 n;
+    qs_u64 seed;
+    qs_u64 stream;
+    qs_u64 perm_a, perm_b, total, stride, epoch;
+    QsScaleDesc scale;
+    qs_u32 format;
+    qs_u32 reserved;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Scratch records (device memory, sized by the host)
+// ---------------------------------------------------------------------------------------------
+
+struct QsSums {
+    qs_f64 dot, prod_sq, ref_sq, diff_sq, max_abs_err;
+    qs_u64 finite, pairs, nan_prod, inf_prod, nan_ref, inf_ref;
+};
+
+struct QsWorst {
+    qs_u64 t;   // sample position (tie-break), ~0 = none
+    qs_u64 row; // global row
+    qs_f64 cosine, dot, prod_sq, ref_sq;
+};
+
+struct QsSketchGroup {
+    QsSums sums;
+    QsWorst worst;
+    qs_u64 elem_nan, elem_inf;
+    qs_f64 y_sum[QS_MAX_PROBES];
+    qs_f64 x_sum[QS_MAX_PROBES];
+};
+
+struct QsComparePartial {
+    QsSums sums;
+    QsWorst worst;
+    qs_u64 logits_rows, top1_agree, topk_hits, kl_nonfinite_rows;
+    qs_f64 kl_sum, kl_max;
+    qs_u64 kl_max_t;
+    qs_u64 reserved;
+};
+
+struct QsLogitsRow {
+    qs_f64 kl;
+    qs_u32 top1;
+    qs_u32 hits;
+    qs_u32 prod_idx[QS_MAX_TOPK];
+    qs_f32 prod_val[QS_MAX_TOPK];
+    qs_u32 ref_idx[QS_MAX_TOPK];
+    qs_f32 ref_val[QS_MAX_TOPK];
+};
+
+// ---------------------------------------------------------------------------------------------
+// Layout pins (abi.rs asserts the same numbers)
+// ---------------------------------------------------------------------------------------------
+// Sizes are asserted everywhere. Field offsets need __builtin_offsetof in a constant
+// expression, which NVRTC 13.5 accepts and NVRTC 13.0 does not: they are asserted when
+// QS_CHECK_LAYOUT is defined (kernels/check_compile.py does), the runtime's compile skips them.
+static_assert(sizeof(QsMatrixDesc) == 48, "QsMatrixDesc");
+static_assert(sizeof(QsScaleDesc) == 64, "QsScaleDesc");
+static_assert(sizeof(QsScalar) == 24, "QsScalar");
+static_assert(sizeof(QsBiasDesc) == 24, "QsBiasDesc");
+static_assert(sizeof(QsGemmDesc) == 512, "QsGemmDesc");
+static_assert(sizeof(QsRowSel) == 72, "QsRowSel");
+static_assert(sizeof(QsRingHeader) == 64, "QsRingHeader");
+static_assert(sizeof(QsRingCtl) == 16, "QsRingCtl");
+static_assert(sizeof(QsRingDesc) == 32, "QsRingDesc");
+static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
+static_assert(sizeof(QsRefParams) == 616, "QsRefParams");
+static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
+static_assert(sizeof(QsWprojParams) == 168, "QsWprojParams");
+static_assert(sizeof(QsSketchParams) == 736, "QsSketchParams");
+static_assert(sizeof(QsCompareParams) == 256, "QsCompareParams");
+static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
+static_assert(sizeof(QsSums) == 88, "QsSums");
+static_assert(sizeof(QsWorst) == 48, "QsWorst");
+static_assert(sizeof(QsSketchGroup) == 664, "QsSketchGroup");
+static_assert(sizeof(QsComparePartial) == 200, "QsComparePartial");
+static_assert(sizeof(QsLogitsRow) == 272, "QsLogitsRow");
+#if defined(QS_CHECK_LAYOUT)
+#define QS_OFF(T, f) __builtin_offsetof(T, f)
+static_assert(QS_OFF(QsGemmDesc, a) == 32 && QS_OFF(QsGemmDesc, d) == 176, "QsGemmDesc matrices");
+static_assert(QS_OFF(QsGemmDesc, a_scale) == 224 && QS_OFF(QsGemmDesc, alpha) == 352, "QsGemmDesc scales");
+static_assert(QS_OFF(QsGemmDesc, d_scale) == 448 && QS_OFF(QsGemmDesc, bias) == 472, "QsGemmDesc tail");
+static_assert(QS_OFF(QsGemmDesc, activation) == 496, "QsGemmDesc activation");
+static_assert(QS_OFF(QsRingHeader, consumed) == 16 && QS_OFF(QsRingHeader, dropped) == 24, "QsRingHeader");
+static_assert(QS_OFF(QsResultSlot, kind) == 40 && QS_OFF(QsResultSlot, rows_checked) == 56, "slot head");
+static_assert(QS_OFF(QsResultSlot, dot) == 64 && QS_OFF(QsResultSlot, inf_ref) == 144, "slot sums");
+static_assert(QS_OFF(QsResultSlot, worst_row) == 152 && QS_OFF(QsResultSlot, elem_nan_prod) == 192, "slot worst");
+static_assert(QS_OFF(QsResultSlot, logits_rows) == 208 && QS_OFF(QsResultSlot, kl_max_row) == 256, "slot logits");
+static_assert(QS_OFF(QsResultSlot, prod_top_idx) == 264 && QS_OFF(QsResultSlot, ref_top_val) == 456, "slot tops");
+static_assert(QS_OFF(QsResultSlot, sketch_prod) == 520 && QS_OFF(QsResultSlot, sketch_ref) == 776, "slot sketch");
+static_assert(QS_OFF(QsResultSlot, reserved) == 1032, "slot reserved");
+static_assert(QS_OFF(QsRefParams, rows) == 512 && QS_OFF(QsRefParams, out_ptr) == 584, "QsRefParams");
+static_assert(QS_OFF(QsPrepParams, bias) == 64 && QS_OFF(QsPrepParams, k) == 88, "QsPrepParams");
+static_assert(QS_OFF(QsWprojParams, k_dim) == 112 && QS_OFF(QsWprojParams, kp) == 160, "QsWprojParams");
+static_assert(QS_OFF(QsSketchParams, ring) == 584 && QS_OFF(QsSketchParams, tag) == 616, "QsSketchParams");
+static_assert(QS_OFF(QsSketchParams, row_stats_ptr) == 712 && QS_OFF(QsSketchParams, k) == 720, "QsSketchParams");
+static_assert(QS_OFF(QsCompareParams, rows) == 48 && QS_OFF(QsCompareParams, ring) == 120, "QsCompareParams");
+static_assert(QS_OFF(QsCompareParams, m) == 168 && QS_OFF(QsCompareParams, kind) == 240, "QsCompareParams");
+static_assert(QS_OFF(QsCompareParams, block_per_row) == 248, "QsCompareParams");
+static_assert(QS_OFF(QsSelftestParams, scale) == 80 && QS_OFF(QsSelftestParams, format) == 144, "QsSelftestParams");
+#endif

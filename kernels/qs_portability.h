@@ -1,0 +1,173 @@
+// quantshadow device code: the one place where CUDA (NVRTC) and HIP (hipRTC) differ.
+//
+// Every kernel source is compiled at run time from one text, with no system headers (NVRTC
+// has none), so this header defines the fixed-width types, the warp/wavefront width, the
+// shuffles and the bit casts that the rest of the device code uses. Nothing else may test
+// QS_HIP / QS_CUDA.
+#pragma once
+
+#if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__) || defined(__HIP_PLATFORM_AMD__)
+#define QS_HIP 1
+#else
+#define QS_CUDA 1
+#endif
+
+// ---- fixed-width types (no <stdint.h> under NVRTC) ----------------------------------------
+typedef unsigned char qs_u8;
+typedef signed char qs_i8;
+typedef unsigned short qs_u16;
+typedef short qs_i16;
+typedef unsigned int qs_u32;
+typedef int qs_i32;
+typedef unsigned long long qs_u64;
+typedef long long qs_i64;
+typedef double qs_f64;
+typedef float qs_f32;
+
+static_assert(sizeof(qs_u8) == 1, "qs_u8");
+static_assert(sizeof(qs_u16) == 2, "qs_u16");
+static_assert(sizeof(qs_u32) == 4, "qs_u32");
+static_assert(sizeof(qs_u64) == 8, "qs_u64");
+static_assert(sizeof(qs_f64) == 8, "qs_f64");
+static_assert(sizeof(void*) == 8, "64-bit device pointers");
+
+#define QS_DEVICE __device__ __forceinline__
+#define QS_GLOBAL extern "C" __global__
+
+// ---- warp / wavefront ------------------------------------------------------------------------
+// CUDA warps are 32 lanes. AMD CDNA wavefronts are 64 (RDNA can run 32): hipRTC defines
+// __AMDGCN_WAVEFRONT_SIZE for the target; -DQS_WARP_SIZE overrides both.
+#ifndef QS_WARP_SIZE
+#if defined(QS_HIP)
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define QS_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define QS_WARP_SIZE 64
+#endif
+#else
+#define QS_WARP_SIZE 32
+#endif
+#endif
+
+// Threads per block of the bandwidth kernels (sketch, compare); the GEMM has its own.
+#ifndef QS_BLOCK
+#define QS_BLOCK 256
+#endif
+#define QS_WARPS_PER_BLOCK (QS_BLOCK / QS_WARP_SIZE)
+static_assert(QS_BLOCK % QS_WARP_SIZE == 0, "block must be whole warps");
+
+#if defined(QS_HIP)
+// A wavefront runs in lockstep; the barrier only orders its memory operations.
+#define QS_SYNCWARP() __builtin_amdgcn_wave_barrier()
+#else
+#define QS_SYNCWARP() __syncwarp()
+#endif
+
+#if defined(QS_HIP)
+// HIP's shuffles act on the whole wavefront and take no mask.
+#define QS_SHFL_XOR(v, m) __shfl_xor((v), (m))
+#define QS_SHFL(v, src) __shfl((v), (src))
+#else
+#define QS_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define QS_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
+#endif
+
+// ---- bit casts and special values ---------------------------------------------------------
+QS_DEVICE qs_u32 qs_f32_bits(float v) { return __float_as_uint(v); }
+QS_DEVICE float qs_f32_from_bits(qs_u32 b) { return __uint_as_float(b); }
+QS_DEVICE qs_u64 qs_f64_bits(double v) { return (qs_u64)__double_as_longlong(v); }
+QS_DEVICE double qs_f64_from_bits(qs_u64 b) { return __longlong_as_double((long long)b); }
+
+QS_DEVICE double qs_inf() { return qs_f64_from_bits(0x7FF0000000000000ull); }
+QS_DEVICE double qs_nan() { return qs_f64_from_bits(0x7FF8000000000000ull); }
+QS_DEVICE float qs_inff() { return qs_f32_from_bits(0x7F800000u); }
+QS_DEVICE float qs_nanf() { return qs_f32_from_bits(0x7FC00000u); }
+
+// Classification by bits: independent of fast-math flags a runtime might add.
+QS_DEVICE bool qs_isnan(double v) { return (qs_f64_bits(v) & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull; }
+QS_DEVICE bool qs_isinf(double v) { return (qs_f64_bits(v) & 0x7FFFFFFFFFFFFFFFull) == 0x7FF0000000000000ull; }
+QS_DEVICE bool qs_isfinite(double v) { return (qs_f64_bits(v) & 0x7FF0000000000000ull) != 0x7FF0000000000000ull; }
+QS_DEVICE bool qs_isfinitef(float v) { return (qs_f32_bits(v) & 0x7F800000u) != 0x7F800000u; }
+
+QS_DEVICE double qs_fmax(double a, double b) { return a > b ? a : b; }
+QS_DEVICE qs_u64 qs_min_u64(qs_u64 a, qs_u64 b) { return a < b ? a : b; }
+QS_DEVICE qs_u64 qs_max_u64(qs_u64 a, qs_u64 b) { return a > b ? a : b; }
+
+// ---- memory ordering ----------------------------------------------------------------------
+// Results go to mapped pinned host memory: stores become visible to the host poller only
+// after a system-scope fence; the `ready` word is written after it with a volatile store.
+QS_DEVICE void qs_fence_system() { __threadfence_system(); }
+QS_DEVICE void qs_fence_device() { __threadfence(); }
+QS_DEVICE void qs_store_volatile_u64(qs_u64* p, qs_u64 v) { *(volatile qs_u64*)p = v; }
+QS_DEVICE qs_u64 qs_load_volatile_u64(const qs_u64* p) { return *(const volatile qs_u64*)p; }
+QS_DEVICE qs_u32 qs_load_volatile_u32(const qs_u32* p) { return *(const volatile qs_u32*)p; }
+
+// Loads of data other blocks wrote before a fence + counter handshake: coherent at L2 (the
+// per-SM L1 is not) but, unlike volatile loads, free to be issued back to back.
+#if defined(QS_HIP)
+QS_DEVICE qs_u64 qs_ldcg_u64(const qs_u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+#else
+QS_DEVICE qs_u64 qs_ldcg_u64(const qs_u64* p) { return (qs_u64)__ldcg((const unsigned long long*)p); }
+#endif
+QS_DEVICE double qs_ldcg_f64(const double* p) { return qs_f64_from_bits(qs_ldcg_u64((const qs_u64*)p)); }
+
+QS_DEVICE qs_u32 qs_atomic_add_u32(qs_u32* p, qs_u32 v) { return atomicAdd((unsigned int*)p, v); }
+QS_DEVICE qs_u64 qs_atomic_add_u64(qs_u64* p, qs_u64 v) {
+    return (qs_u64)atomicAdd((unsigned long long*)p, (unsigned long long)v);
+}
+QS_DEVICE qs_u64 qs_atomic_cas_u64(qs_u64* p, qs_u64 expected, qs_u64 desired) {
+    return (qs_u64)atomicCAS((unsigned long long*)p, (unsigned long long)expected, (unsigned long long)desired);
+}
+QS_DEVICE void qs_atomic_or_u32(qs_u32* p, qs_u32 v) { atomicOr((unsigned int*)p, v); }
+
+// ---- reductions -----------------------------------------------------------------------------
+QS_DEVICE double qs_warp_sum(double v) {
+#pragma unroll
+    for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) v += QS_SHFL_XOR(v, m);
+    return v;
+}
+QS_DEVICE float qs_warp_sumf(float v) {
+#pragma unroll
+    for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) v += QS_SHFL_XOR(v, m);
+    return v;
+}
+QS_DEVICE qs_u64 qs_warp_sum_u64(qs_u64 v) {
+#pragma unroll
+    for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) v += (qs_u64)QS_SHFL_XOR((long long)v, m);
+    return v;
+}
+QS_DEVICE double qs_warp_max(double v) {
+#pragma unroll
+    for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) v = qs_fmax(v, QS_SHFL_XOR(v, m));
+    return v;
+}
+
+// ---- fast division by a run-time invariant divisor ------------------------------------------
+// Scale lookups divide element coordinates by block sizes that are only known at run time;
+// a hardware-free division costs ~20 instructions, a multiply-high ~2. Valid for numerators
+// below 2^31 (coordinates inside one matrix); larger ones take the exact path.
+struct QsFastDiv {
+    qs_u32 d;
+    qs_u32 mul;
+    qs_u32 shr;
+};
+QS_DEVICE QsFastDiv qs_fastdiv_make(qs_u32 d) {
+    QsFastDiv f;
+    f.d = d < 1 ? 1 : d;
+    if (f.d == 1) {
+        f.mul = 0;
+        f.shr = 0;
+    } else {
+        qs_u32 l = 0;
+        while ((1ull << l) < f.d) ++l;  // ceil(log2 d)
+        qs_u32 p = 31 + l;
+        f.mul = (qs_u32)(((1ull << p) + f.d - 1) / f.d);
+        f.shr = p - 32;
+    }
+    return f;
+}
+QS_DEVICE qs_u64 qs_fastdiv(qs_u64 n, const QsFastDiv& f) {
+    if (f.d == 1) return n;
+    if (n >= 0x80000000ull) return n / f.d;
+    return (qs_u64)(__umulhi((qs_u32)n, f.mul) >> f.shr);
+}

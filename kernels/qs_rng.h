@@ -1,0 +1,55 @@
+// Counter-based randomness, bit-exact with runtime/src/rng.rs (mix64, hash3) and
+// runtime/src/sketch.rs (probe signs, row permutation): the probe matrix R and the row sample
+// need no storage and are the same on the host and on every device.
+#pragma once
+#include "qs_portability.h"
+
+// SplitMix64 finaliser (rng.rs mix64).
+QS_DEVICE qs_u64 qs_mix64(qs_u64 x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Hash of (seed, stream, index) (rng.rs hash3).
+QS_DEVICE qs_u64 qs_hash3(qs_u64 seed, qs_u64 stream, qs_u64 index) {
+    return qs_mix64(qs_mix64(seed ^ qs_mix64(stream)) ^ index);
+}
+
+// Probe sign r(j, p) of the N x k Rademacher matrix R: stream p (0..31), index j (column of D),
+// +1 when the low bit of hash3(seed, p, j) is 0, -1 when it is 1 (sketch.rs probe_sign).
+QS_DEVICE qs_u32 qs_probe_negative(qs_u64 seed, qs_u32 p, qs_u64 j) {
+    return (qs_u32)(qs_hash3(seed, (qs_u64)p, j) & 1ull);
+}
+
+// (a * b) mod m without overflow. The fast path covers every realistic row count (< 2^32);
+// the loop keeps larger ones exact rather than wrong.
+QS_DEVICE qs_u64 qs_mulmod(qs_u64 a, qs_u64 b, qs_u64 m) {
+    if (m == 0) return 0;
+    a %= m;
+    b %= m;
+    if (m <= 0xFFFFFFFFull) return (a * b) % m;
+    qs_u64 r = 0;
+    while (b) {
+        if (b & 1) {
+            r = (r >= m - a) ? r - (m - a) : r + a;
+        }
+        a = (a >= m - a) ? a - (m - a) : a + a;
+        b >>= 1;
+    }
+    return r;
+}
+
+// Sample position t of epoch e over T rows with an affine permutation (sketch.rs
+// RowPermutation::row): x = (e * S + t) mod T, row = (a * x + b) mod T, gcd(a, T) = 1.
+// Successive epochs take consecutive windows of x, so ceil(T / S) epochs cover every row.
+QS_DEVICE qs_u64 qs_perm_row(qs_u64 a, qs_u64 b, qs_u64 total, qs_u64 stride, qs_u64 epoch, qs_u64 t) {
+    if (total == 0) return 0;
+    qs_u64 x = qs_mulmod(epoch, stride, total);
+    qs_u64 tt = t % total;
+    x = (x >= total - tt) ? x - (total - tt) : x + tt;
+    qs_u64 r = qs_mulmod(a, x, total);
+    qs_u64 bb = b % total;
+    return (r >= total - bb) ? r - (total - bb) : r + bb;
+}

@@ -1,0 +1,40 @@
+// Element-wise probes of the device helpers for the GPU selftest: every decoder code, the
+// encoders, hash3 / probe signs / row permutation and the scale-entry mapping, written out so
+// the host can compare them bit for bit with formats.rs, rng.rs, sketch.rs and problem.rs.
+// No defines. Entries: qs_selftest_decode, qs_selftest_encode, qs_selftest_hash,
+// qs_selftest_scale_entry (one QsSelftestParams by value, any grid, any block size).
+#include "qs_device.h"
+
+#define QS_FOR_EACH(i, n) for (qs_u64 i = (qs_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (qs_u64)gridDim.x * blockDim.x)
+
+QS_GLOBAL void qs_selftest_decode(QsSelftestParams P) {
+    const qs_u32* in = (const qs_u32*)P.in_ptr;
+    double* out = (double*)P.out_ptr;
+    QS_FOR_EACH(i, P.n) {
+        out[2 * i] = qs_decode_f64_rt(P.format, in[i]);
+        out[2 * i + 1] = (double)qs_decode_f32_rt(P.format, in[i]);
+    }
+}
+
+QS_GLOBAL void qs_selftest_encode(QsSelftestParams P) {
+    const double* in = (const double*)P.in_ptr;
+    qs_u32* out = (qs_u32*)P.out_ptr;
+    QS_FOR_EACH(i, P.n) out[i] = qs_encode_rt(P.format, in[i]);
+}
+
+QS_GLOBAL void qs_selftest_hash(QsSelftestParams P) {
+    const qs_u64* in = (const qs_u64*)P.in_ptr;
+    qs_u64* out = (qs_u64*)P.out_ptr;
+    QS_FOR_EACH(i, P.n) {
+        out[3 * i] = qs_hash3(P.seed, P.stream, in[i]);
+        out[3 * i + 1] = qs_probe_negative(P.seed, (qs_u32)P.stream, in[i]);
+        out[3 * i + 2] = qs_perm_row(P.perm_a, P.perm_b, P.total, P.stride, P.epoch, in[i]);
+    }
+}
+
+QS_GLOBAL void qs_selftest_scale_entry(QsSelftestParams P) {
+    const qs_u64* in = (const qs_u64*)P.in_ptr;
+    qs_u64* out = (qs_u64*)P.out_ptr;
+    const QsScaleLookup s = qs_scale_lookup(P.scale);
+    QS_FOR_EACH(i, P.n) out[i] = qs_scale_entry(s, in[3 * i], in[3 * i + 1], in[3 * i + 2]);
+}

@@ -1,0 +1,1363 @@
+//! The binary interface with the device kernels (`kernels/qs_abi.h`): `#[repr(C)]` mirrors of
+//! every struct passed to a kernel or written by one, with their sizes and field offsets
+//! asserted at compile time against the same numbers `qs_abi.h` static-asserts; builders that
+//! turn a [`GemmProblem`] plus buffer addresses into kernel descriptors; launch geometry and
+//! scratch sizes; and the kernel registry: for a problem, which source to compile with which
+//! `-D` defines, and which entry points it exports.
+//!
+//! Kernels take one parameter struct by value (launch with a single kernel-parameter pointer to
+//! it). Layout rules shared with C: fixed-width fields only, 8-byte fields first, explicit
+//! `reserved` padding, no implicit padding anywhere, so [`KernelParams::as_bytes`] is the exact
+//! byte image the kernel reads.
+
+use crate::formats::Format;
+use crate::problem::{
+    Activation, BiasAxis, GemmBuffers, GemmProblem, MatrixLayout, Order, ProblemError, Scalar,
+    ScaleGranularity, ScaleSpec, ScaleStorage, Transpose,
+};
+use std::mem::{offset_of, size_of};
+
+pub const ABI_VERSION: u32 = 1;
+pub const MAX_PROBES: usize = 32;
+pub const MAX_TOPK: usize = 16;
+/// Most K/N splits (grid.y) of one sketch check (`QS_MAX_SPLITS`).
+pub const MAX_SPLITS: u32 = 64;
+/// "QSRG", little-endian.
+pub const RING_MAGIC: u32 = 0x4752_5351;
+
+pub const ORDER_ROW: u32 = 0;
+pub const ORDER_COL: u32 = 1;
+pub const TRANS_N: u32 = 0;
+pub const TRANS_T: u32 = 1;
+
+pub const GRAN_NONE: u32 = 0;
+pub const GRAN_TENSOR: u32 = 1;
+pub const GRAN_PER_OUTER: u32 = 2;
+pub const GRAN_PER_INNER: u32 = 3;
+pub const GRAN_BLOCK: u32 = 4;
+pub const GRAN_MX32: u32 = 5;
+pub const GRAN_NVFP4: u32 = 6;
+
+pub const SCALE_OUTER_MAJOR: u32 = 0;
+pub const SCALE_INNER_MAJOR: u32 = 1;
+pub const SCALE_SWIZZLED_128X4: u32 = 2;
+
+pub const ACT_NONE: u32 = 0;
+pub const ACT_RELU: u32 = 1;
+pub const ACT_GELU_TANH: u32 = 2;
+
+pub const BIAS_ROWS: u32 = 0;
+pub const BIAS_COLS: u32 = 1;
+
+pub const ROWS_ALL: u32 = 0;
+pub const ROWS_LIST: u32 = 1;
+pub const ROWS_PERM: u32 = 2;
+
+pub const CHECK_SKETCH: u32 = 1;
+pub const CHECK_ROWS: u32 = 2;
+pub const CHECK_FULL: u32 = 3;
+pub const CHECK_LOGITS: u32 = 4;
+
+/// Bits of [`QsResultSlot::status`].
+pub mod status {
+    /// An index fell outside a descriptor's extent; it was read as 0 and the result is void.
+    pub const OUT_OF_BOUNDS: u32 = 1;
+    /// Format differs from the compiled specialisation, bad grid, bad probe count...
+    pub const BAD_DESCRIPTOR: u32 = 2;
+    /// A sketch of a non-linear epilogue: the metrics mean nothing.
+    pub const NONLINEAR: u32 = 4;
+    /// d_scale was zero or non-finite; the production projections were not rescaled.
+    pub const BAD_SCALAR: u32 = 8;
+    /// The reference side has NaN/Inf (inputs broken upstream of the GEMM).
+    pub const REF_NONFINITE: u32 = 16;
+    /// Bits after which a result must not be judged.
+    pub const INVALID: u32 = OUT_OF_BOUNDS | BAD_DESCRIPTOR | NONLINEAR | BAD_SCALAR;
+}
+
+/// Threads per block of the bandwidth kernels (sketch, compare): `QS_BLOCK`.
+pub const BLOCK_THREADS: u32 = 256;
+/// Threads per block of the reference GEMM and its tile (`QS_GEMM_THREADS`, `QS_BM`, `QS_BN`).
+pub const GEMM_THREADS: u32 = 256;
+pub const GEMM_TILE_M: u64 = 128;
+pub const GEMM_TILE_N: u64 = 128;
+
+// ---------------------------------------------------------------------------------------------
+// Structs (qs_abi.h, field for field)
+// ---------------------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsMatrixDesc {
+    pub ptr: u64,
+    pub ld: u64,
+    pub batch_stride: u64,
+    /// Elements the buffer holds; nothing at or past it is touched.
+    pub extent: u64,
+    pub format: u32,
+    pub order: u32,
+    pub trans: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsScaleDesc {
+    pub ptr: u64,
+    /// Resolved leading dimension (never 0).
+    pub ld: u64,
+    pub batch_stride: u64,
+    pub extent: u64,
+    pub format: u32,
+    pub storage: u32,
+    pub granularity: u32,
+    pub block_outer: u32,
+    pub block_inner: u32,
+    pub grid_outer: u32,
+    pub grid_inner: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsScalar {
+    pub value: f64,
+    pub ptr: u64,
+    pub format: u32,
+    pub on_device: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsBiasDesc {
+    pub ptr: u64,
+    pub extent: u64,
+    pub format: u32,
+    pub axis: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsGemmDesc {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+    pub a: QsMatrixDesc,
+    pub b: QsMatrixDesc,
+    pub c: QsMatrixDesc,
+    pub d: QsMatrixDesc,
+    pub a_scale: QsScaleDesc,
+    pub b_scale: QsScaleDesc,
+    pub alpha: QsScalar,
+    pub beta: QsScalar,
+    pub a_tensor_scale: QsScalar,
+    pub b_tensor_scale: QsScalar,
+    pub d_scale: QsScalar,
+    pub bias: QsBiasDesc,
+    pub activation: u32,
+    pub reserved0: u32,
+    pub reserved1: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsRowSel {
+    pub total_rows: u64,
+    pub count: u64,
+    pub stride: u64,
+    pub perm_a: u64,
+    pub perm_b: u64,
+    pub list_ptr: u64,
+    pub epoch_ptr: u64,
+    pub epoch_value: u64,
+    pub mode: u32,
+    pub advance_epoch: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsRingHeader {
+    pub magic: u32,
+    pub abi_version: u32,
+    pub slot_size: u32,
+    pub capacity: u32,
+    pub consumed: u64,
+    pub dropped: u64,
+    pub reserved: [u64; 4],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsRingCtl {
+    pub head: u64,
+    pub dropped: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsRingDesc {
+    pub header_ptr: u64,
+    pub slots_ptr: u64,
+    pub ctl_ptr: u64,
+    pub capacity: u32,
+    pub reserved: u32,
+}
+
+/// One result in the ring. See `qs_abi.h` for the protocol; [`crate::sketch::slot_metrics`]
+/// turns it into [`crate::metrics::Metrics`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QsResultSlot {
+    pub ready: u64,
+    pub ticket: u64,
+    pub tag: u64,
+    pub tag2: u64,
+    pub epoch: u64,
+    pub kind: u32,
+    pub status: u32,
+    pub probes: u32,
+    pub topk: u32,
+    pub rows_checked: u64,
+    pub dot: f64,
+    pub prod_sq: f64,
+    pub ref_sq: f64,
+    pub diff_sq: f64,
+    pub max_abs_err: f64,
+    pub finite: u64,
+    pub pairs: u64,
+    pub nan_prod: u64,
+    pub inf_prod: u64,
+    pub nan_ref: u64,
+    pub inf_ref: u64,
+    pub worst_row: u64,
+    pub worst_cosine: f64,
+    pub worst_dot: f64,
+    pub worst_prod_sq: f64,
+    pub worst_ref_sq: f64,
+    pub elem_nan_prod: u64,
+    pub elem_inf_prod: u64,
+    pub logits_rows: u64,
+    pub top1_agree: u64,
+    pub topk_hits: u64,
+    pub kl_nonfinite_rows: u64,
+    pub kl_sum: f64,
+    pub kl_max: f64,
+    pub kl_max_row: u64,
+    pub prod_top_idx: [u32; MAX_TOPK],
+    pub prod_top_val: [f32; MAX_TOPK],
+    pub ref_top_idx: [u32; MAX_TOPK],
+    pub ref_top_val: [f32; MAX_TOPK],
+    pub sketch_prod: [f64; MAX_PROBES],
+    pub sketch_ref: [f64; MAX_PROBES],
+    pub reserved: [u64; 15],
+}
+
+impl Default for QsResultSlot {
+    fn default() -> Self {
+        // All-zero is a valid (empty) slot; worst_row ~0 means "no row".
+        QsResultSlot {
+            ready: 0,
+            ticket: 0,
+            tag: 0,
+            tag2: 0,
+            epoch: 0,
+            kind: 0,
+            status: 0,
+            probes: 0,
+            topk: 0,
+            rows_checked: 0,
+            dot: 0.0,
+            prod_sq: 0.0,
+            ref_sq: 0.0,
+            diff_sq: 0.0,
+            max_abs_err: 0.0,
+            finite: 0,
+            pairs: 0,
+            nan_prod: 0,
+            inf_prod: 0,
+            nan_ref: 0,
+            inf_ref: 0,
+            worst_row: u64::MAX,
+            worst_cosine: 0.0,
+            worst_dot: 0.0,
+            worst_prod_sq: 0.0,
+            worst_ref_sq: 0.0,
+            elem_nan_prod: 0,
+            elem_inf_prod: 0,
+            logits_rows: 0,
+            top1_agree: 0,
+            topk_hits: 0,
+            kl_nonfinite_rows: 0,
+            kl_sum: 0.0,
+            kl_max: 0.0,
+            kl_max_row: u64::MAX,
+            prod_top_idx: [0; MAX_TOPK],
+            prod_top_val: [0.0; MAX_TOPK],
+            ref_top_idx: [0; MAX_TOPK],
+            ref_top_val: [0.0; MAX_TOPK],
+            sketch_prod: [0.0; MAX_PROBES],
+            sketch_ref: [0.0; MAX_PROBES],
+            reserved: [0; 15],
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsRefParams {
+    pub g: QsGemmDesc,
+    pub rows: QsRowSel,
+    pub out_ptr: u64,
+    pub out_ld: u64,
+    pub status_ptr: u64,
+    pub round_to_d: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsPrepParams {
+    pub n: u64,
+    pub seed: u64,
+    pub signs_ptr: u64,
+    pub rsum_ptr: u64,
+    pub bproj_ptr: u64,
+    pub partials_ptr: u64,
+    pub counter_ptr: u64,
+    pub status_ptr: u64,
+    pub bias: QsBiasDesc,
+    pub k: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsWprojParams {
+    pub b: QsMatrixDesc,
+    pub b_scale: QsScaleDesc,
+    pub k_dim: u64,
+    pub n_dim: u64,
+    pub items: u64,
+    pub signs_ptr: u64,
+    pub out_ptr: u64,
+    pub status_ptr: u64,
+    pub kp: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSketchParams {
+    pub g: QsGemmDesc,
+    pub rows: QsRowSel,
+    pub ring: QsRingDesc,
+    pub tag: u64,
+    pub tag2: u64,
+    pub signs_ptr: u64,
+    pub wr_ptr: u64,
+    pub wr_batch_stride: u64,
+    pub rsum_ptr: u64,
+    pub bproj_ptr: u64,
+    pub partials_ptr: u64,
+    pub counts_ptr: u64,
+    pub group_ptr: u64,
+    pub counters_ptr: u64,
+    pub status_ptr: u64,
+    pub row_stats_ptr: u64,
+    pub k: u32,
+    pub kp: u32,
+    pub splits: u32,
+    pub rows_per_group: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsCompareParams {
+    pub d: QsMatrixDesc,
+    pub rows: QsRowSel,
+    pub ring: QsRingDesc,
+    pub tag: u64,
+    pub tag2: u64,
+    pub m: u64,
+    pub n: u64,
+    pub ref_ptr: u64,
+    pub ref_ld: u64,
+    pub partials_ptr: u64,
+    pub rowout_ptr: u64,
+    pub counter_ptr: u64,
+    pub status_ptr: u64,
+    pub row_stats_ptr: u64,
+    pub kind: u32,
+    pub topk: u32,
+    pub block_per_row: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSelftestParams {
+    pub in_ptr: u64,
+    pub out_ptr: u64,
+    pub n: u64,
+    pub seed: u64,
+    pub stream: u64,
+    pub perm_a: u64,
+    pub perm_b: u64,
+    pub total: u64,
+    pub stride: u64,
+    pub epoch: u64,
+    pub scale: QsScaleDesc,
+    pub format: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSums {
+    pub dot: f64,
+    pub prod_sq: f64,
+    pub ref_sq: f64,
+    pub diff_sq: f64,
+    pub max_abs_err: f64,
+    pub finite: u64,
+    pub pairs: u64,
+    pub nan_prod: u64,
+    pub inf_prod: u64,
+    pub nan_ref: u64,
+    pub inf_ref: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsWorst {
+    pub t: u64,
+    pub row: u64,
+    pub cosine: f64,
+    pub dot: f64,
+    pub prod_sq: f64,
+    pub ref_sq: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSketchGroup {
+    pub sums: QsSums,
+    pub worst: QsWorst,
+    pub elem_nan: u64,
+    pub elem_inf: u64,
+    pub y_sum: [f64; MAX_PROBES],
+    pub x_sum: [f64; MAX_PROBES],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsComparePartial {
+    pub sums: QsSums,
+    pub worst: QsWorst,
+    pub logits_rows: u64,
+    pub top1_agree: u64,
+    pub topk_hits: u64,
+    pub kl_nonfinite_rows: u64,
+    pub kl_sum: f64,
+    pub kl_max: f64,
+    pub kl_max_t: u64,
+    pub reserved: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsLogitsRow {
+    pub kl: f64,
+    pub top1: u32,
+    pub hits: u32,
+    pub prod_idx: [u32; MAX_TOPK],
+    pub prod_val: [f32; MAX_TOPK],
+    pub ref_idx: [u32; MAX_TOPK],
+    pub ref_val: [f32; MAX_TOPK],
+}
+
+// ---- layout pins: the same numbers qs_abi.h static-asserts ----------------------------------
+const _: () = {
+    assert!(size_of::<QsMatrixDesc>() == 48);
+    assert!(size_of::<QsScaleDesc>() == 64);
+    assert!(size_of::<QsScalar>() == 24);
+    assert!(size_of::<QsBiasDesc>() == 24);
+    assert!(size_of::<QsGemmDesc>() == 512);
+    assert!(offset_of!(QsGemmDesc, a) == 32 && offset_of!(QsGemmDesc, d) == 176);
+    assert!(offset_of!(QsGemmDesc, a_scale) == 224 && offset_of!(QsGemmDesc, alpha) == 352);
+    assert!(offset_of!(QsGemmDesc, d_scale) == 448 && offset_of!(QsGemmDesc, bias) == 472);
+    assert!(offset_of!(QsGemmDesc, activation) == 496);
+    assert!(size_of::<QsRowSel>() == 72);
+    assert!(size_of::<QsRingHeader>() == 64);
+    assert!(offset_of!(QsRingHeader, consumed) == 16 && offset_of!(QsRingHeader, dropped) == 24);
+    assert!(size_of::<QsRingCtl>() == 16);
+    assert!(size_of::<QsRingDesc>() == 32);
+    assert!(size_of::<QsResultSlot>() == 1152);
+    assert!(offset_of!(QsResultSlot, kind) == 40 && offset_of!(QsResultSlot, rows_checked) == 56);
+    assert!(offset_of!(QsResultSlot, dot) == 64 && offset_of!(QsResultSlot, inf_ref) == 144);
+    assert!(offset_of!(QsResultSlot, worst_row) == 152 && offset_of!(QsResultSlot, elem_nan_prod) == 192);
+    assert!(offset_of!(QsResultSlot, logits_rows) == 208 && offset_of!(QsResultSlot, kl_max_row) == 256);
+    assert!(offset_of!(QsResultSlot, prod_top_idx) == 264 && offset_of!(QsResultSlot, ref_top_val) == 456);
+    assert!(offset_of!(QsResultSlot, sketch_prod) == 520 && offset_of!(QsResultSlot, sketch_ref) == 776);
+    assert!(offset_of!(QsResultSlot, reserved) == 1032);
+    assert!(size_of::<QsRefParams>() == 616);
+    assert!(offset_of!(QsRefParams, rows) == 512 && offset_of!(QsRefParams, out_ptr) == 584);
+    assert!(size_of::<QsPrepParams>() == 96);
+    assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
+    assert!(size_of::<QsWprojParams>() == 168);
+    assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
+    assert!(size_of::<QsSketchParams>() == 736);
+    assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
+    assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
+    assert!(size_of::<QsCompareParams>() == 256);
+    assert!(offset_of!(QsCompareParams, rows) == 48 && offset_of!(QsCompareParams, ring) == 120);
+    assert!(offset_of!(QsCompareParams, m) == 168 && offset_of!(QsCompareParams, kind) == 240);
+    assert!(offset_of!(QsCompareParams, block_per_row) == 248);
+    assert!(size_of::<QsSelftestParams>() == 152);
+    assert!(offset_of!(QsSelftestParams, scale) == 80 && offset_of!(QsSelftestParams, format) == 144);
+    assert!(size_of::<QsSums>() == 88);
+    assert!(size_of::<QsWorst>() == 48);
+    assert!(size_of::<QsSketchGroup>() == 664);
+    assert!(size_of::<QsComparePartial>() == 200);
+    assert!(size_of::<QsLogitsRow>() == 272);
+    // CUDA's kernel parameter limit (4 KiB before 12.1; HIP's is similar).
+    assert!(size_of::<QsSketchParams>() <= 4096);
+};
+
+/// A struct a kernel takes by value, or a record the device writes.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, made only of integers, floats and arrays of them, with no
+/// padding bytes (pinned by the assertions above), so every byte is initialised.
+pub unsafe trait KernelParams: Copy + 'static {
+    /// The exact bytes the kernel reads.
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the trait's contract: plain data with no padding, so all size_of bytes are
+        // initialised; the slice borrows self.
+        unsafe { std::slice::from_raw_parts((self as *const Self).cast::<u8>(), size_of::<Self>()) }
+    }
+}
+
+macro_rules! plain_data {
+    ($($t:ty),*) => { $(
+        // SAFETY: #[repr(C)], plain numeric fields, no padding (size pinned above).
+        unsafe impl KernelParams for $t {}
+    )* };
+}
+plain_data!(
+    QsMatrixDesc,
+    QsScaleDesc,
+    QsScalar,
+    QsBiasDesc,
+    QsGemmDesc,
+    QsRowSel,
+    QsRingHeader,
+    QsRingCtl,
+    QsRingDesc,
+    QsResultSlot,
+    QsRefParams,
+    QsPrepParams,
+    QsWprojParams,
+    QsSketchParams,
+    QsCompareParams,
+    QsSelftestParams,
+    QsSums,
+    QsWorst,
+    QsSketchGroup,
+    QsComparePartial,
+    QsLogitsRow
+);
+
+/// Reads a device-written record back from raw bytes (a ring slot, a scratch entry).
+pub fn read_record<T: KernelParams + Default>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    let mut out = T::default();
+    // SAFETY: T is plain data (KernelParams), so any byte pattern is a valid T; the source
+    // holds at least size_of::<T>() bytes and cannot overlap the local `out`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut out as *mut T).cast::<u8>(), size_of::<T>())
+    };
+    Some(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AbiError {
+    #[error(transparent)]
+    Problem(#[from] ProblemError),
+    #[error("{what}: address {ptr:#x} is not aligned to {align} bytes")]
+    Misaligned { what: &'static str, ptr: u64, align: u64 },
+    #[error("{what} is required but its address is 0")]
+    MissingBuffer { what: &'static str },
+    #[error("{what}: {value} does not fit the kernel's {limit}")]
+    TooLarge { what: &'static str, value: u64, limit: u64 },
+    #[error("sketch probes must be 1..={max}, got {k}")]
+    Probes { k: u32, max: usize },
+    #[error("the sketch needs a linear epilogue, this call applies {activation:?}")]
+    NonLinearEpilogue { activation: Activation },
+    #[error("{slot} format {format} cannot be a GEMM operand")]
+    NotElementFormat { slot: &'static str, format: Format },
+}
+
+fn element_bytes_align(format: Format) -> u64 {
+    (format.bits() as u64 / 8).max(1)
+}
+
+fn check_aligned(what: &'static str, ptr: u64, format: Format) -> Result<(), AbiError> {
+    let align = element_bytes_align(format); // 1, 2 or 4: a power of two
+    if ptr & (align - 1) != 0 {
+        return Err(AbiError::Misaligned { what, ptr, align });
+    }
+    Ok(())
+}
+
+fn order_code(o: Order) -> u32 {
+    match o {
+        Order::RowMajor => ORDER_ROW,
+        Order::ColMajor => ORDER_COL,
+    }
+}
+
+fn trans_code(t: Transpose) -> u32 {
+    match t {
+        Transpose::N => TRANS_N,
+        Transpose::T => TRANS_T,
+    }
+}
+
+impl QsMatrixDesc {
+    /// Descriptor of a stored `rows x cols` matrix (stored dimensions) holding `batch` items.
+    pub fn new(
+        layout: &MatrixLayout,
+        ptr: u64,
+        trans: Transpose,
+        rows: u64,
+        cols: u64,
+        batch: u64,
+    ) -> QsMatrixDesc {
+        QsMatrixDesc {
+            ptr,
+            ld: layout.ld,
+            batch_stride: layout.batch_stride,
+            extent: layout.required_elements(rows, cols, batch),
+            format: layout.format as u32,
+            order: order_code(layout.order),
+            trans: trans_code(trans),
+            reserved: 0,
+        }
+    }
+
+    /// Strides (row, column) of op(X) in elements, as `qs_op_strides` computes them.
+    pub fn op_strides(&self) -> (u64, u64) {
+        let row_major = self.order == ORDER_ROW;
+        let t = self.trans == TRANS_T;
+        if row_major != t {
+            (self.ld, 1)
+        } else {
+            (1, self.ld)
+        }
+    }
+}
+
+fn granularity_code(g: ScaleGranularity) -> u32 {
+    match g {
+        ScaleGranularity::Tensor => GRAN_TENSOR,
+        ScaleGranularity::PerOuter => GRAN_PER_OUTER,
+        ScaleGranularity::PerInner => GRAN_PER_INNER,
+        ScaleGranularity::Block { .. } => GRAN_BLOCK,
+        ScaleGranularity::Mx32 => GRAN_MX32,
+        ScaleGranularity::Nvfp4 => GRAN_NVFP4,
+    }
+}
+
+fn to_u32(what: &'static str, v: u64) -> Result<u32, AbiError> {
+    u32::try_from(v).map_err(|_| AbiError::TooLarge { what, value: v, limit: u32::MAX as u64 })
+}
+
+impl QsScaleDesc {
+    /// Descriptor of `spec` for an operand of logical size `outer x inner` with `batch` items:
+    /// block shape and grid resolved as problem.rs does, ld 0 replaced by the packed value.
+    pub fn from_spec(
+        spec: &ScaleSpec,
+        ptr: u64,
+        outer: u64,
+        inner: u64,
+        batch: u64,
+    ) -> Result<QsScaleDesc, AbiError> {
+        let (bo, bi) = spec.granularity.block_shape(outer, inner);
+        let (go, gi) = spec.granularity.grid(outer, inner);
+        let ld = match (spec.storage, spec.ld) {
+            (ScaleStorage::OuterMajor, 0) => gi,
+            (ScaleStorage::InnerMajor, 0) => go,
+            (_, ld) => ld,
+        };
+        let storage = match spec.storage {
+            ScaleStorage::OuterMajor => SCALE_OUTER_MAJOR,
+            ScaleStorage::InnerMajor => SCALE_INNER_MAJOR,
+            ScaleStorage::Swizzled128x4 => SCALE_SWIZZLED_128X4,
+        };
+        Ok(QsScaleDesc {
+            ptr,
+            ld,
+            batch_stride: spec.batch_stride,
+            extent: spec.required_entries(outer, inner, batch),
+            format: spec.format as u32,
+            storage,
+            granularity: granularity_code(spec.granularity),
+            block_outer: to_u32("scale block (outer)", bo)?,
+            block_inner: to_u32("scale block (inner)", bi)?,
+            grid_outer: to_u32("scale grid (outer)", go)?,
+            grid_inner: to_u32("scale grid (inner)", gi)?,
+            reserved: 0,
+        })
+    }
+
+    /// Host copy of the device's entry mapping (`qs_scale_entry`), for tests and selftests.
+    pub fn entry(&self, batch: u64, outer: u64, inner: u64) -> u64 {
+        let ob = outer / self.block_outer.max(1) as u64;
+        let ib = inner / self.block_inner.max(1) as u64;
+        let idx = match self.storage {
+            SCALE_INNER_MAJOR => ib * self.ld + ob,
+            SCALE_SWIZZLED_128X4 => {
+                let inner_tiles = (self.grid_inner as u64).div_ceil(4);
+                let tile = (ob / 128) * inner_tiles + ib / 4;
+                tile * 512 + (ob % 32) * 16 + (ob % 128) / 32 * 4 + ib % 4
+            }
+            _ => ob * self.ld + ib,
+        };
+        batch * self.batch_stride + idx
+    }
+}
+
+impl QsScalar {
+    pub fn from_scalar(s: &Scalar) -> QsScalar {
+        match *s {
+            Scalar::Host(value) => QsScalar { value, ptr: 0, format: Format::F32 as u32, on_device: 0 },
+            Scalar::Device { ptr, format } => {
+                QsScalar { value: 0.0, ptr, format: format as u32, on_device: 1 }
+            }
+        }
+    }
+
+    /// An optional scale: absent means the host value 1.
+    pub fn from_optional(s: Option<&Scalar>) -> QsScalar {
+        s.map(QsScalar::from_scalar).unwrap_or(QsScalar {
+            value: 1.0,
+            ptr: 0,
+            format: Format::F32 as u32,
+            on_device: 0,
+        })
+    }
+}
+
+impl QsGemmDesc {
+    /// Kernel descriptor of a call: validates the problem, checks buffer alignment and fills
+    /// every extent from the problem's own geometry (the device never reads past them).
+    pub fn from_problem(p: &GemmProblem, bufs: &GemmBuffers) -> Result<QsGemmDesc, AbiError> {
+        p.validate()?;
+        for (slot, f) in [("a", p.a.format), ("b", p.b.format), ("d", p.d.format)] {
+            if f.is_scale_only() {
+                return Err(AbiError::NotElementFormat { slot, format: f });
+            }
+        }
+        for (what, ptr) in [("a", bufs.a), ("b", bufs.b), ("d", bufs.d)] {
+            if ptr == 0 {
+                return Err(AbiError::MissingBuffer { what });
+            }
+        }
+        check_aligned("a", bufs.a, p.a.format)?;
+        check_aligned("b", bufs.b, p.b.format)?;
+        check_aligned("d", bufs.d, p.d.format)?;
+        let (ar, ac) = p.a_stored_dims();
+        let (br, bc) = p.b_stored_dims();
+        let a = QsMatrixDesc::new(&p.a, bufs.a, p.trans_a, ar, ac, p.batch);
+        let b = QsMatrixDesc::new(&p.b, bufs.b, p.trans_b, br, bc, p.batch);
+        let d = QsMatrixDesc::new(&p.d, bufs.d, Transpose::N, p.m, p.n, p.batch);
+        let c = match &p.c {
+            Some(layout) => {
+                if bufs.c == 0 {
+                    return Err(AbiError::MissingBuffer { what: "c" });
+                }
+                check_aligned("c", bufs.c, layout.format)?;
+                QsMatrixDesc::new(layout, bufs.c, Transpose::N, p.m, p.n, p.batch)
+            }
+            None => QsMatrixDesc::default(),
+        };
+        let scale =
+            |spec: &Option<ScaleSpec>, ptr: u64, outer: u64, what: &'static str| -> Result<_, AbiError> {
+                match spec {
+                    None => Ok(QsScaleDesc::default()),
+                    Some(s) => {
+                        if ptr == 0 {
+                            return Err(AbiError::MissingBuffer { what });
+                        }
+                        check_aligned(what, ptr, s.format)?;
+                        QsScaleDesc::from_spec(s, ptr, outer, p.k, p.batch)
+                    }
+                }
+            };
+        let a_scale = scale(&p.a_scale, bufs.a_scale, p.m, "a_scale")?;
+        let b_scale = scale(&p.b_scale, bufs.b_scale, p.n, "b_scale")?;
+        let bias = match p.epilogue.bias {
+            None => QsBiasDesc::default(),
+            Some(b) => {
+                if bufs.bias == 0 {
+                    return Err(AbiError::MissingBuffer { what: "bias" });
+                }
+                check_aligned("bias", bufs.bias, b.format)?;
+                let (extent, axis) = match b.axis {
+                    BiasAxis::Rows => (p.m, BIAS_ROWS),
+                    BiasAxis::Cols => (p.n, BIAS_COLS),
+                };
+                QsBiasDesc { ptr: bufs.bias, extent, format: b.format as u32, axis }
+            }
+        };
+        let activation = match p.epilogue.activation {
+            Activation::None => ACT_NONE,
+            Activation::Relu => ACT_RELU,
+            Activation::GeluTanh => ACT_GELU_TANH,
+        };
+        Ok(QsGemmDesc {
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            batch: p.batch,
+            a,
+            b,
+            c,
+            d,
+            a_scale,
+            b_scale,
+            alpha: QsScalar::from_scalar(&p.alpha),
+            beta: QsScalar::from_scalar(&p.beta),
+            a_tensor_scale: QsScalar::from_optional(p.a_tensor_scale.as_ref()),
+            b_tensor_scale: QsScalar::from_optional(p.b_tensor_scale.as_ref()),
+            d_scale: QsScalar::from_optional(p.d_scale.as_ref()),
+            bias,
+            activation,
+            reserved0: 0,
+            reserved1: 0,
+        })
+    }
+
+    /// Rows of D across the batch: the space row samples are drawn from.
+    pub fn total_rows(&self) -> u64 {
+        self.batch * self.m
+    }
+
+    /// Whether B (or its scales) differ per batch item: W_R and the rows GEMM go per item.
+    pub fn b_batched(&self) -> bool {
+        self.b.batch_stride != 0 || (self.b_scale.ptr != 0 && self.b_scale.batch_stride != 0)
+    }
+}
+
+impl QsRowSel {
+    /// Every row t -> t for t < count (the full reference, or all rows of a small call).
+    pub fn all(total_rows: u64) -> QsRowSel {
+        QsRowSel { total_rows, count: total_rows, mode: ROWS_ALL, ..QsRowSel::default() }
+    }
+
+    /// Explicit global row indices (`u64[count]` at `list_ptr`).
+    pub fn list(total_rows: u64, list_ptr: u64, count: u64) -> QsRowSel {
+        QsRowSel { total_rows, count, list_ptr, mode: ROWS_LIST, ..QsRowSel::default() }
+    }
+
+    /// The rotating sample of [`crate::sketch::RowSample`]: all rows when they fit in one call,
+    /// else the affine permutation with the per-site epoch counter at `epoch_ptr` (0: use
+    /// `epoch_value`). `advance` goes on the last kernel of a check only.
+    pub fn sample(s: &crate::sketch::RowSample, epoch_ptr: u64, epoch_value: u64, advance: bool) -> QsRowSel {
+        if s.is_all() {
+            return QsRowSel { advance_epoch: 0, ..QsRowSel::all(s.total) };
+        }
+        QsRowSel {
+            total_rows: s.total,
+            count: s.count,
+            stride: s.count,
+            perm_a: s.perm.a,
+            perm_b: s.perm.b,
+            list_ptr: 0,
+            epoch_ptr,
+            epoch_value,
+            mode: ROWS_PERM,
+            advance_epoch: advance as u32,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch geometry and scratch
+// ---------------------------------------------------------------------------------------------
+
+/// Grid, block and dynamic shared memory of one launch (all kernels use static shared memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    fn new(grid: [u64; 3], block: u32) -> Result<LaunchConfig, AbiError> {
+        let g = |what, v: u64, limit: u64| {
+            if v == 0 || v > limit {
+                Err(AbiError::TooLarge { what, value: v, limit })
+            } else {
+                Ok(v as u32)
+            }
+        };
+        Ok(LaunchConfig {
+            grid: [
+                g("grid.x", grid[0], u32::MAX as u64)?,
+                g("grid.y", grid[1], 65535)?,
+                g("grid.z", grid[2], 65535)?,
+            ],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+        })
+    }
+}
+
+/// `qs_gemm_ref_{a}_{b}`: the whole reference, output rows t = item * M + i.
+pub fn gemm_ref_launch(g: &QsGemmDesc) -> Result<LaunchConfig, AbiError> {
+    LaunchConfig::new([g.n.div_ceil(GEMM_TILE_N), g.m.div_ceil(GEMM_TILE_M), g.batch], GEMM_THREADS)
+}
+
+/// `qs_gemm_ref_rows_{a}_{b}` for `count` selected rows; with a batched B each block of
+/// grid.z takes the rows of its batch item (the others idle), so rows of every item are right.
+pub fn gemm_ref_rows_launch(g: &QsGemmDesc, count: u64) -> Result<LaunchConfig, AbiError> {
+    let z = if g.b_batched() { g.batch } else { 1 };
+    LaunchConfig::new([g.n.div_ceil(GEMM_TILE_N), count.div_ceil(GEMM_TILE_M), z], GEMM_THREADS)
+}
+
+/// Padded probe count of the compiled variants (W_R row stride).
+pub fn padded_probes(k: u32) -> Result<u32, AbiError> {
+    match k {
+        1..=8 => Ok(8),
+        9..=16 => Ok(16),
+        17..=32 => Ok(32),
+        _ => Err(AbiError::Probes { k, max: MAX_PROBES }),
+    }
+}
+
+/// `qs_sketch_prep`: blocks over N (grid-stride); partials hold `grid.x` entries.
+pub fn sketch_prep_launch(n: u64, sm_count: u32) -> Result<LaunchConfig, AbiError> {
+    let blocks = n.div_ceil(BLOCK_THREADS as u64).clamp(1, 2 * sm_count.max(1) as u64);
+    LaunchConfig::new([blocks, 1, 1], BLOCK_THREADS)
+}
+
+/// Bytes of `QsPrepParams::partials_ptr` for a prep launch.
+pub fn sketch_prep_partials_bytes(cfg: &LaunchConfig) -> u64 {
+    cfg.grid[0] as u64 * 2 * MAX_PROBES as u64 * 8
+}
+
+/// `qs_sketch_wproj_{b}`: the kernel grid-strides over K either way; this sizes the grid for
+/// its mapping (one warp per k when op(B) rows are contiguous, 32 k per block otherwise).
+pub fn sketch_wproj_launch(
+    b: &QsMatrixDesc,
+    k_dim: u64,
+    items: u64,
+    warp_size: u32,
+) -> Result<LaunchConfig, AbiError> {
+    let (_, cs) = b.op_strides(); // op(B)(kk, j): stride along j
+    let per_block = if cs == 1 { (BLOCK_THREADS / warp_size) as u64 } else { warp_size as u64 };
+    LaunchConfig::new([k_dim.div_ceil(per_block).clamp(1, 65535 * 64), 1, items], BLOCK_THREADS)
+}
+
+/// Geometry of one sketch check launch and the scratch it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SketchGeometry {
+    pub launch: LaunchConfig,
+    pub groups: u32,
+    pub splits: u32,
+    pub rows_per_group: u32,
+    pub kp: u32,
+}
+
+impl SketchGeometry {
+    /// Groups of `BLOCK_THREADS / warp_size` rows (one warp each) and enough K/N splits to give
+    /// the GPU ~4 blocks per SM, each split at least 512 elements wide.
+    pub fn new(
+        rows: u64,
+        k_dim: u64,
+        n_dim: u64,
+        k: u32,
+        sm_count: u32,
+        warp_size: u32,
+    ) -> Result<Self, AbiError> {
+        let kp = padded_probes(k)?;
+        let rows_per_group = BLOCK_THREADS / warp_size;
+        let groups = rows.max(1).div_ceil(rows_per_group as u64);
+        let want = (4 * sm_count.max(1) as u64).div_ceil(groups).max(1);
+        let widest = k_dim.max(n_dim);
+        let splits = want.min(widest.div_ceil(512).max(1)).min(MAX_SPLITS as u64);
+        let launch = LaunchConfig::new([groups, splits, 1], BLOCK_THREADS)?;
+        Ok(SketchGeometry { launch, groups: groups as u32, splits: splits as u32, rows_per_group, kp })
+    }
+
+    pub fn partials_bytes(&self) -> u64 {
+        self.groups as u64 * self.splits as u64 * self.rows_per_group as u64 * 3 * self.kp as u64 * 8
+    }
+    pub fn counts_bytes(&self) -> u64 {
+        self.groups as u64 * self.splits as u64 * 2 * 8
+    }
+    pub fn group_bytes(&self) -> u64 {
+        self.groups as u64 * size_of::<QsSketchGroup>() as u64
+    }
+    /// u32 counters; must be zero before the first launch (the kernel leaves them zero).
+    pub fn counters_bytes(&self) -> u64 {
+        (self.groups as u64 + 1) * 4
+    }
+}
+
+/// Geometry of a compare launch: a warp per row for rows up to 8192 elements (measured on an
+/// H200 at 8192 x 8192 bf16: 2.7 TB/s a warp per row, 2.2 TB/s a block per row), a block per
+/// row beyond that (few long rows need the parallelism) and always for logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompareGeometry {
+    pub launch: LaunchConfig,
+    pub block_per_row: bool,
+}
+
+impl CompareGeometry {
+    pub fn new(rows: u64, n: u64, logits: bool, sm_count: u32, warp_size: u32) -> Result<Self, AbiError> {
+        let block_per_row = logits || n > 8192;
+        let warps = (BLOCK_THREADS / warp_size) as u64;
+        let units_per_block = if block_per_row { 1 } else { warps };
+        let blocks = rows.max(1).div_ceil(units_per_block).clamp(1, 8 * sm_count.max(1) as u64);
+        Ok(CompareGeometry { launch: LaunchConfig::new([blocks, 1, 1], BLOCK_THREADS)?, block_per_row })
+    }
+
+    pub fn partials_bytes(&self) -> u64 {
+        self.launch.grid[0] as u64 * size_of::<QsComparePartial>() as u64
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel registry
+// ---------------------------------------------------------------------------------------------
+
+/// One kernel source file; every source includes the shared headers in [`HEADERS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelSource {
+    GemmRef,
+    Sketch,
+    Compare,
+    Selftest,
+}
+
+/// Headers handed to NVRTC/hipRTC as in-memory headers (name, text).
+pub const HEADERS: [(&str, &str); 5] = [
+    ("qs_portability.h", include_str!("../../../kernels/qs_portability.h")),
+    ("qs_formats.h", include_str!("../../../kernels/qs_formats.h")),
+    ("qs_rng.h", include_str!("../../../kernels/qs_rng.h")),
+    ("qs_abi.h", include_str!("../../../kernels/qs_abi.h")),
+    ("qs_device.h", include_str!("../../../kernels/qs_device.h")),
+];
+
+impl KernelSource {
+    pub fn file_name(self) -> &'static str {
+        match self {
+            KernelSource::GemmRef => "qs_gemm_ref.cu",
+            KernelSource::Sketch => "qs_sketch.cu",
+            KernelSource::Compare => "qs_compare.cu",
+            KernelSource::Selftest => "qs_selftest.cu",
+        }
+    }
+
+    pub fn text(self) -> &'static str {
+        match self {
+            KernelSource::GemmRef => include_str!("../../../kernels/qs_gemm_ref.cu"),
+            KernelSource::Sketch => include_str!("../../../kernels/qs_sketch.cu"),
+            KernelSource::Compare => include_str!("../../../kernels/qs_compare.cu"),
+            KernelSource::Selftest => include_str!("../../../kernels/qs_selftest.cu"),
+        }
+    }
+}
+
+/// What a kernel entry takes as its single by-value parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParamKind {
+    Ref,
+    Prep,
+    Wproj,
+    Sketch,
+    Compare,
+    Selftest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelEntry {
+    pub name: String,
+    pub params: ParamKind,
+}
+
+/// One program to compile: a source, its `-D` defines, and the entries it exports. Programs are
+/// cached by (arch, [`KernelBuild::cache_key`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelBuild {
+    pub source: KernelSource,
+    pub defines: Vec<(String, String)>,
+    pub entries: Vec<KernelEntry>,
+}
+
+fn operand_format(slot: &'static str, f: Format) -> Result<Format, AbiError> {
+    if f.is_scale_only() {
+        Err(AbiError::NotElementFormat { slot, format: f })
+    } else {
+        Ok(f)
+    }
+}
+
+impl KernelBuild {
+    /// `qs_gemm_ref.cu` for A and B formats: `qs_gemm_ref_{a}_{b}`, `qs_gemm_ref_rows_{a}_{b}`.
+    pub fn gemm_ref(a: Format, b: Format) -> Result<KernelBuild, AbiError> {
+        let (a, b) = (operand_format("a", a)?, operand_format("b", b)?);
+        Ok(KernelBuild {
+            source: KernelSource::GemmRef,
+            defines: vec![
+                ("QS_A_FMT".into(), (a as u8).to_string()),
+                ("QS_B_FMT".into(), (b as u8).to_string()),
+            ],
+            entries: vec![
+                KernelEntry {
+                    name: format!("qs_gemm_ref_{}_{}", a.name(), b.name()),
+                    params: ParamKind::Ref,
+                },
+                KernelEntry {
+                    name: format!("qs_gemm_ref_rows_{}_{}", a.name(), b.name()),
+                    params: ParamKind::Ref,
+                },
+            ],
+        })
+    }
+
+    /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
+    /// `qs_sketch_check_{a}_{d}`.
+    pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
+        let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
+        Ok(KernelBuild {
+            source: KernelSource::Sketch,
+            defines: vec![
+                ("QS_A_FMT".into(), (a as u8).to_string()),
+                ("QS_B_FMT".into(), (b as u8).to_string()),
+                ("QS_D_FMT".into(), (d as u8).to_string()),
+            ],
+            entries: vec![
+                KernelEntry { name: "qs_sketch_prep".into(), params: ParamKind::Prep },
+                KernelEntry { name: format!("qs_sketch_wproj_{}", b.name()), params: ParamKind::Wproj },
+                KernelEntry {
+                    name: format!("qs_sketch_check_{}_{}", a.name(), d.name()),
+                    params: ParamKind::Sketch,
+                },
+            ],
+        })
+    }
+
+    /// `qs_compare.cu` for D's format: `qs_compare_{d}`, `qs_compare_logits_{d}`.
+    pub fn compare(d: Format) -> Result<KernelBuild, AbiError> {
+        let d = operand_format("d", d)?;
+        Ok(KernelBuild {
+            source: KernelSource::Compare,
+            defines: vec![("QS_D_FMT".into(), (d as u8).to_string())],
+            entries: vec![
+                KernelEntry { name: format!("qs_compare_{}", d.name()), params: ParamKind::Compare },
+                KernelEntry { name: format!("qs_compare_logits_{}", d.name()), params: ParamKind::Compare },
+            ],
+        })
+    }
+
+    /// `qs_selftest.cu`: the element-wise probes of the device helpers.
+    pub fn selftest() -> KernelBuild {
+        let e = |n: &str| KernelEntry { name: n.into(), params: ParamKind::Selftest };
+        KernelBuild {
+            source: KernelSource::Selftest,
+            defines: vec![],
+            entries: vec![
+                e("qs_selftest_decode"),
+                e("qs_selftest_encode"),
+                e("qs_selftest_hash"),
+                e("qs_selftest_scale_entry"),
+            ],
+        }
+    }
+
+    /// The programs a check of `p` in `mode` needs (rows and full modes share the GEMM and
+    /// compare programs).
+    pub fn for_problem(
+        p: &GemmProblem,
+        mode: crate::record::CheckMode,
+    ) -> Result<Vec<KernelBuild>, AbiError> {
+        use crate::record::CheckMode;
+        match mode {
+            CheckMode::Observe => Ok(vec![]),
+            CheckMode::Sketch => {
+                if !p.epilogue.is_linear() {
+                    return Err(AbiError::NonLinearEpilogue { activation: p.epilogue.activation });
+                }
+                Ok(vec![KernelBuild::sketch(p.a.format, p.b.format, p.d.format)?])
+            }
+            CheckMode::Rows | CheckMode::Full => {
+                Ok(vec![KernelBuild::gemm_ref(p.a.format, p.b.format)?, KernelBuild::compare(p.d.format)?])
+            }
+        }
+    }
+
+    pub fn entry(&self, params: ParamKind) -> Option<&KernelEntry> {
+        self.entries.iter().find(|e| e.params == params)
+    }
+
+    /// Everything that selects the compiled program, besides the architecture.
+    pub fn cache_key(&self) -> String {
+        let defs: Vec<String> = self.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{}:{}", self.source.file_name(), defs.join(","))
+    }
+
+    fn define_options(&self) -> impl Iterator<Item = String> + '_ {
+        self.defines.iter().map(|(k, v)| format!("-D{k}={v}"))
+    }
+
+    /// NVRTC options for a virtual (`compute_90`) or real (`sm_90`) architecture. Exact maths
+    /// on purpose: no fast-math flags (the decoders and metric sums rely on IEEE behaviour).
+    /// kernels/check_compile.py uses the same list (plus `-DQS_CHECK_LAYOUT`, which also
+    /// asserts field offsets and needs NVRTC >= 13.5). The kernels' tuning knobs keep their
+    /// measured defaults unless defined: QS_COMPARE_F32_PARTIALS (1), QS_COMPARE_UNROLL (by
+    /// element size), QS_COMPARE_MIN_BLOCKS (2), QS_SKETCH_MIN_BLOCKS (2). Compiling a GEMM
+    /// program to cubin took 10-24 s with NVRTC 13.0 on the H200 host: cache per (arch, key).
+    pub fn nvrtc_options(&self, arch: &str) -> Vec<String> {
+        let mut o = vec![
+            "-std=c++17".to_string(),
+            format!("--gpu-architecture={arch}"),
+            "-default-device".to_string(),
+        ];
+        o.extend(self.define_options());
+        o
+    }
+
+    /// hipRTC options for a gfx target; `warp_size` is the target's wavefront (64 on CDNA).
+    pub fn hiprtc_options(&self, arch: &str, warp_size: u32) -> Vec<String> {
+        let mut o = vec![
+            "-std=c++17".to_string(),
+            format!("--offload-arch={arch}"),
+            format!("-DQS_WARP_SIZE={warp_size}"),
+        ];
+        o.extend(self.define_options());
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{Bias, Epilogue};
+
+    #[test]
+    fn descriptors_from_a_transposed_fp8_problem() {
+        let mut p = GemmProblem::row_major(64, 96, 256, Format::E4m3fn, Format::E4m3fn, Format::Bf16);
+        // nn.Linear weight: B stored N x K row-major, used transposed.
+        p.trans_b = Transpose::T;
+        p.b = MatrixLayout::packed(Format::E4m3fn, Order::RowMajor, 96, 256);
+        p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, Format::F32));
+        p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 128, inner: 128 }, Format::F32));
+        p.epilogue =
+            Epilogue { bias: Some(Bias { format: Format::Bf16, axis: BiasAxis::Cols }), ..Epilogue::NONE };
+        let bufs = GemmBuffers {
+            a: 0x1000,
+            b: 0x2000,
+            d: 0x3000,
+            a_scale: 0x4000,
+            b_scale: 0x5000,
+            bias: 0x6000,
+            ..Default::default()
+        };
+        let g = QsGemmDesc::from_problem(&p, &bufs).unwrap();
+        assert_eq!(g.a.op_strides(), (256, 1));
+        // op(B)(kk, j) = W[j][kk]: stride 1 along kk, ld along j.
+        assert_eq!(g.b.op_strides(), (1, 256));
+        assert_eq!(g.b.extent, 96 * 256);
+        assert_eq!(
+            (g.a_scale.block_outer, g.a_scale.block_inner, g.a_scale.grid_outer, g.a_scale.grid_inner),
+            (1, 128, 64, 2)
+        );
+        assert_eq!(g.a_scale.ld, 2);
+        assert_eq!(g.b_scale.extent, 2); // grid 1 x 2
+        assert_eq!(g.bias.extent, 96);
+        assert_eq!(g.bias.axis, BIAS_COLS);
+        assert_eq!(g.d_scale.value, 1.0);
+        // Every scale entry the device can compute is inside the extent.
+        for i in 0..64 {
+            for kk in 0..256 {
+                let e = g.a_scale.entry(0, i, kk);
+                assert_eq!(e, p.a_scale_entry(p.a_scale.as_ref().unwrap(), 0, i, kk));
+                assert!(e < g.a_scale.extent);
+            }
+        }
+    }
+
+    #[test]
+    fn swizzled_entries_match_problem_rs() {
+        let spec =
+            ScaleSpec::new(ScaleGranularity::Mx32, Format::Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
+        let (m, k) = (300u64, 544u64);
+        let d = QsScaleDesc::from_spec(&spec, 0x100, m, k, 1).unwrap();
+        for i in (0..m).step_by(7) {
+            for kk in (0..k).step_by(5) {
+                assert_eq!(d.entry(0, i, kk), spec.entry_for_element(0, i, kk, m, k));
+                assert!(d.entry(0, i, kk) < d.extent);
+            }
+        }
+    }
+
+    #[test]
+    fn misaligned_and_missing_buffers_are_refused() {
+        let p = GemmProblem::row_major(8, 8, 8, Format::Bf16, Format::Bf16, Format::Bf16);
+        let bufs = GemmBuffers { a: 0x1001, b: 0x2000, d: 0x3000, ..Default::default() };
+        assert!(matches!(QsGemmDesc::from_problem(&p, &bufs), Err(AbiError::Misaligned { what: "a", .. })));
+        let bufs = GemmBuffers { a: 0x1000, b: 0, d: 0x3000, ..Default::default() };
+        assert!(matches!(QsGemmDesc::from_problem(&p, &bufs), Err(AbiError::MissingBuffer { what: "b" })));
+    }
+
+    #[test]
+    fn registry_names_and_options() {
+        let b = KernelBuild::sketch(Format::E4m3fn, Format::E4m3fn, Format::Bf16).unwrap();
+        let names: Vec<&str> = b.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["qs_sketch_prep", "qs_sketch_wproj_e4m3fn", "qs_sketch_check_e4m3fn_bf16"]);
+        let o = b.nvrtc_options("compute_90");
+        assert!(
+            o.contains(&"-DQS_D_FMT=2".to_string())
+                && o.contains(&"--gpu-architecture=compute_90".to_string())
+        );
+        assert!(KernelBuild::gemm_ref(Format::Ue8m0, Format::Bf16).is_err());
+        let mut p = GemmProblem::row_major(8, 8, 8, Format::Bf16, Format::Bf16, Format::Bf16);
+        p.epilogue.activation = Activation::Relu;
+        assert!(KernelBuild::for_problem(&p, crate::record::CheckMode::Sketch).is_err());
+        assert_eq!(KernelBuild::for_problem(&p, crate::record::CheckMode::Rows).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn geometry_covers_rows_and_splits() {
+        let g = SketchGeometry::new(256, 4096, 4096, 32, 132, 32).unwrap();
+        assert_eq!(g.rows_per_group, 8);
+        assert_eq!(g.groups, 32);
+        assert!(g.splits >= 1 && (g.groups * g.splits) as u64 >= 132);
+        assert_eq!(g.kp, 32);
+        let one = SketchGeometry::new(1, 64, 64, 8, 132, 32).unwrap();
+        assert_eq!((one.groups, one.splits), (1, 1));
+        assert!(padded_probes(0).is_err() && padded_probes(33).is_err());
+        let c = CompareGeometry::new(256, 152_064, true, 132, 32).unwrap();
+        assert!(c.block_per_row && c.launch.grid[0] == 256);
+    }
+
+    #[test]
+    fn slot_bytes_round_trip() {
+        let mut s = QsResultSlot { kind: CHECK_SKETCH, dot: 2.5, ..Default::default() };
+        s.sketch_ref[31] = -1.0;
+        let back: QsResultSlot = read_record(s.as_bytes()).unwrap();
+        assert_eq!(back, s);
+        assert!(read_record::<QsResultSlot>(&s.as_bytes()[..100]).is_none());
+    }
+}
