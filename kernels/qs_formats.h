@@ -310,8 +310,10 @@ QS_DEVICE qs_u32 qs_minifloat_nan_code(qs_u32 fmt) {
 QS_DEVICE qs_u32 qs_encode_minifloat(qs_u32 fmt, double value) {
     if (qs_isnan(value)) return qs_minifloat_nan_code(fmt);
     const bool is_signed = !(fmt == QS_FMT_UE8M0 || fmt == QS_FMT_UE4M3);
-    const bool negative = is_signed && value < 0.0;
-    const double mag = is_signed ? (value < 0.0 ? -value : value) : (value > 0.0 ? value : 0.0);
+    // The sign bit, not `value < 0`: -0.0 encodes as negative zero where the format has one,
+    // as formats.rs does (is_sign_negative).
+    const bool negative = is_signed && (qs_f64_bits(value) >> 63) != 0;
+    const double mag = is_signed ? (negative ? -value : value) : (value > 0.0 ? value : 0.0);
     const qs_u32 max_code = qs_minifloat_max_code(fmt);
     // upper = first code whose value >= mag, or max_code + 1 when none is.
     qs_u32 lo = 0, hi = max_code + 1;

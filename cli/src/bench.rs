@@ -42,6 +42,8 @@ pub enum Which {
         #[arg(long)]
         no_validate: bool,
     },
+    /// The reference kernels on the present GPU (full GEMM, sketch, compare).
+    Gpu,
     /// Report generation from a run file of this many observations.
     Report {
         #[arg(long, default_value_t = 1_000_000)]
@@ -67,6 +69,8 @@ pub fn main(args: Args) -> ExitCode {
         Which::Collector { clients, records_per_client, no_validate } => {
             bench_collector(&scratch.path, clients, records_per_client, !no_validate)
         }
+        // Printed as it goes; nothing more to print at the end.
+        Which::Gpu => crate::bench_gpu::run().map(|_| String::new()),
         Which::Report { records, sites, configurations } => {
             bench_report(&scratch.path, records, sites, configurations)
         }

@@ -2,10 +2,12 @@
 //! module with an `Args` struct (clap) and `pub fn main(args) -> ExitCode`.
 
 pub mod bench;
+pub mod bench_gpu;
 pub mod collect;
 pub mod demo;
 pub mod fixture;
 pub mod report;
+pub mod selftest;
 
 /// Exit codes shared by every subcommand.
 pub mod exit {

@@ -1,5 +1,5 @@
 use clap::{Parser, Subcommand};
-use quantshadow_cli::{bench, collect, demo, exit, report};
+use quantshadow_cli::{bench, collect, demo, exit, report, selftest};
 use std::process::ExitCode;
 
 /// quantshadow: catch silent numerical bugs in quantized GEMMs inside a running engine.
@@ -20,6 +20,8 @@ enum Command {
     Demo(demo::Args),
     /// Measure the collector and the report on this machine.
     Bench(bench::Args),
+    /// Check the device's reference kernels against the host oracle (host device without a GPU).
+    Selftest(selftest::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         Command::Report(a) => report::main(a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::Selftest(a) => selftest::main(a),
     }
 }
 

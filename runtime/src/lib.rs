@@ -18,6 +18,7 @@ pub mod quantize;
 pub mod record;
 pub mod rng;
 pub mod runfile;
+pub mod sketch;
 pub mod thresholds;
 pub mod transport;
 pub mod vendor;

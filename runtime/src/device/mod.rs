@@ -14,8 +14,11 @@
 
 use std::ffi::c_void;
 
+pub mod abi;
 pub mod cuda;
+pub mod gpu;
 pub mod hip;
+pub mod registry;
 
 /// Which vendor runtime a device belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,1013 @@
+//! `quantshadow selftest`: the device's reference side against the host oracle.
+//!
+//! On a GPU (CUDA now; HIP where present): (1) the device helpers (every code of every format
+//! decoded and encoded, probe signs and row permutations, scale entries) bit for bit against
+//! formats.rs / rng.rs / sketch.rs / problem.rs; (2) full and rows reference GEMMs against the
+//! f64 oracle (NMSE <= 1e-9, no NaN) over a table of formats x scale schemes x shapes with
+//! tile-boundary M values, transposed, column-major and batched cases; (3) the compare kernel
+//! against host metrics on planted errors; (4) the sketch against exact metrics on planted
+//! errors of known size (full rank within 25% at k = 8, low rank within 2x, 10x above a
+//! threshold always flagged and 10x below never, 2x magnitude always flagged, a single wrong
+//! row among thousands found as the worst row). Without a GPU the sketch claims run on the host
+//! device and the command says so. Prints a table, writes JSON, exits 1 on any failure.
+
+use quantshadow_runtime::device::abi::{
+    self, KernelBuild, QsGemmDesc, QsMatrixDesc, QsRowSel, QsScaleDesc, QsSelftestParams,
+};
+use quantshadow_runtime::device::cuda::CudaRuntime;
+use quantshadow_runtime::device::gpu::{DeviceBuffer, GpuChecker};
+use quantshadow_runtime::device::{DeviceError, Stream};
+use quantshadow_runtime::formats::{Format, FormatClass};
+use quantshadow_runtime::metrics::{compare_matrix, MetricSums, Metrics};
+use quantshadow_runtime::oracle::{
+    decode_operand_a, decode_operand_b, decode_output, reference_gemm, OracleOptions,
+};
+use quantshadow_runtime::problem::{
+    Bias, BiasAxis, Epilogue, GemmBuffers, GemmProblem, HostInputs, MatrixLayout, Order, Scalar,
+    ScaleGranularity, ScaleSpec, ScaleStorage, Transpose,
+};
+use quantshadow_runtime::quantize::random_inputs;
+use quantshadow_runtime::rng::{hash3, SplitMix64};
+use quantshadow_runtime::sketch::{self, DenseGemm, RowPermutation, SketchConfig};
+use quantshadow_runtime::thresholds::Thresholds;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Write every result as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Fewer shapes (for a quick look; the full table is the default).
+    #[arg(long)]
+    pub quick: bool,
+    /// Device to test: auto (GPU if one is usable, else host), cuda, or host.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+/// One line of the result table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub section: &'static str,
+    pub case: String,
+    pub pass: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Summary {
+    device: String,
+    passed: usize,
+    failed: usize,
+    seconds: f64,
+    outcomes: Vec<Outcome>,
+}
+
+pub fn main(args: Args) -> ExitCode {
+    let started = Instant::now();
+    let (device, outcomes) = match args.device.as_str() {
+        "host" => ("host (requested)".to_string(), host_selftest(args.quick)),
+        "cuda" | "auto" => match gpu_context() {
+            Ok(checker) => {
+                let name = format!(
+                    "{} ({}, {} SMs)",
+                    checker.info.name, checker.info.arch, checker.info.multiprocessors
+                );
+                (name, gpu_selftest(&checker, args.quick))
+            }
+            Err(e) if args.device == "auto" => {
+                eprintln!("quantshadow selftest: no usable GPU ({e}); running the host device instead");
+                ("host (no GPU)".to_string(), host_selftest(args.quick))
+            }
+            Err(e) => {
+                eprintln!("quantshadow selftest: {e}");
+                return ExitCode::from(crate::exit::FAILED);
+            }
+        },
+        other => {
+            eprintln!("quantshadow selftest: unknown --device {other:?} (auto, cuda, host)");
+            return ExitCode::from(crate::exit::BAD_INPUT);
+        }
+    };
+    let failed = outcomes.iter().filter(|o| !o.pass).count();
+    println!("quantshadow selftest on {device}\n");
+    println!("| section | case | result | detail |\n| --- | --- | --- | --- |");
+    for o in &outcomes {
+        println!("| {} | {} | {} | {} |", o.section, o.case, if o.pass { "pass" } else { "FAIL" }, o.detail);
+    }
+    let summary = Summary {
+        device,
+        passed: outcomes.len() - failed,
+        failed,
+        seconds: started.elapsed().as_secs_f64(),
+        outcomes,
+    };
+    println!("\n{} passed, {} failed ({:.1} s)", summary.passed, summary.failed, summary.seconds);
+    if let Some(path) = &args.json {
+        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap_or_default()) {
+            eprintln!("quantshadow selftest: cannot write {}: {e}", path.display());
+            return ExitCode::from(crate::exit::BAD_INPUT);
+        }
+    }
+    ExitCode::from(if failed == 0 { crate::exit::OK } else { crate::exit::FAILED })
+}
+
+fn gpu_context() -> Result<GpuChecker, DeviceError> {
+    let cuda = CudaRuntime::load()?;
+    // Our own process: making the primary context current is ours to do (the shim never does).
+    cuda.activate_primary_context(0)?;
+    GpuChecker::new(Arc::new(cuda), 1024)
+}
+
+fn outcome(section: &'static str, case: impl Into<String>, pass: bool, detail: impl Into<String>) -> Outcome {
+    Outcome { section, case: case.into(), pass, detail: detail.into() }
+}
+
+fn error_outcome(section: &'static str, case: impl Into<String>, e: impl std::fmt::Display) -> Outcome {
+    outcome(section, case, false, format!("error: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+
+/// A reference-GEMM case: formats, scales, layout and shape.
+#[derive(Debug, Clone)]
+struct Case {
+    name: String,
+    problem: GemmProblem,
+}
+
+fn scheme_problem(scheme: &str, m: u64, n: u64, k: u64) -> GemmProblem {
+    use Format::*;
+    let f32s = |g| Some(ScaleSpec::new(g, F32));
+    let mut p;
+    match scheme {
+        "bf16" => p = GemmProblem::row_major(m, n, k, Bf16, Bf16, Bf16),
+        "f16" => p = GemmProblem::row_major(m, n, k, F16, F16, F16),
+        "f32" => p = GemmProblem::row_major(m, n, k, F32, F32, F32),
+        "fp8-tensor" => {
+            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
+            p.a_scale = f32s(ScaleGranularity::Tensor);
+            p.b_scale = f32s(ScaleGranularity::Tensor);
+        }
+        "fp8-rowwise" => {
+            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
+            p.a_scale = f32s(ScaleGranularity::PerOuter);
+            p.b_scale = f32s(ScaleGranularity::PerOuter);
+        }
+        "fp8-fnuz-rowwise" => {
+            p = GemmProblem::row_major(m, n, k, E4m3fnuz, E4m3fnuz, Bf16);
+            p.a_scale = f32s(ScaleGranularity::PerOuter);
+            p.b_scale = f32s(ScaleGranularity::PerOuter);
+        }
+        "fp8-e5m2-tensor" => {
+            p = GemmProblem::row_major(m, n, k, E5m2, E4m3fn, Bf16);
+            p.a_scale = f32s(ScaleGranularity::Tensor);
+            p.b_scale = f32s(ScaleGranularity::Tensor);
+        }
+        "fp8-block128" => {
+            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
+            p.a_scale = Some(
+                ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, F32)
+                    .with_storage(ScaleStorage::InnerMajor),
+            );
+            p.b_scale = f32s(ScaleGranularity::Block { outer: 128, inner: 128 });
+        }
+        "fp8-block128-ue8m0" => {
+            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
+            p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, Ue8m0));
+            p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 128, inner: 128 }, Ue8m0));
+        }
+        "mxfp4" => {
+            p = GemmProblem::row_major(m, n, k, E2m1, E2m1, Bf16);
+            let s = ScaleSpec::new(ScaleGranularity::Mx32, Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
+            p.a_scale = Some(s);
+            p.b_scale = Some(s);
+        }
+        "mxfp8" => {
+            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
+            let s = ScaleSpec::new(ScaleGranularity::Mx32, Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
+            p.a_scale = Some(s);
+            p.b_scale = Some(s);
+        }
+        "nvfp4" => {
+            p = GemmProblem::row_major(m, n, k, E2m1, E2m1, Bf16);
+            let s = ScaleSpec::new(ScaleGranularity::Nvfp4, Ue4m3).with_storage(ScaleStorage::Swizzled128x4);
+            p.a_scale = Some(s);
+            p.b_scale = Some(s);
+            p.a_tensor_scale = Some(Scalar::Device { ptr: 0, format: F32 });
+            p.b_tensor_scale = Some(Scalar::Device { ptr: 0, format: F32 });
+        }
+        "int8-rowwise" => {
+            p = GemmProblem::row_major(m, n, k, Int8, Int8, Bf16);
+            p.a_scale = f32s(ScaleGranularity::PerOuter);
+            p.b_scale = f32s(ScaleGranularity::PerOuter);
+        }
+        "w4a16-int4" => {
+            p = GemmProblem::row_major(m, n, k, Bf16, Int4, Bf16);
+            p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 32 }, Bf16));
+        }
+        other => unreachable!("unknown scheme {other}"),
+    }
+    p
+}
+
+const SCHEMES: &[&str] = &[
+    "bf16",
+    "f16",
+    "f32",
+    "fp8-tensor",
+    "fp8-rowwise",
+    "fp8-fnuz-rowwise",
+    "fp8-e5m2-tensor",
+    "fp8-block128",
+    "fp8-block128-ue8m0",
+    "mxfp4",
+    "mxfp8",
+    "nvfp4",
+    "int8-rowwise",
+    "w4a16-int4",
+];
+
+/// Tile-boundary M values around 56 and 128, plus 1 and a large odd M.
+const M_VALUES: &[u64] = &[1, 7, 55, 56, 57, 127, 128, 129, 4097];
+
+fn reference_cases(quick: bool) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let ms: &[u64] = if quick { &[1, 57, 129] } else { M_VALUES };
+    for scheme in SCHEMES {
+        for &m in ms {
+            // N and K not multiples of the 128-wide tiles; K a multiple of 32 for MX/NVFP4
+            // blocks and even for packed 4-bit rows.
+            let (n, k) = if m > 1000 { (192, 256) } else { (200, 320) };
+            cases.push(Case {
+                name: format!("{scheme} M={m} N={n} K={k}"),
+                problem: scheme_problem(scheme, m, n, k),
+            });
+        }
+    }
+    // Layout variety on a few schemes: transposes, column-major storage, padded ld, batches,
+    // C with beta, bias on both axes, ReLU, d_scale.
+    for scheme in ["bf16", "fp8-rowwise", "fp8-block128", "mxfp4"] {
+        let (m, n, k) = (57, 136, 256);
+        let mut p = scheme_problem(scheme, m, n, k);
+        p.trans_a = Transpose::T;
+        // Stored A is K x M; packed 4-bit rows need an even leading dimension, so pad M's.
+        p.a = MatrixLayout::packed(p.a.format, Order::RowMajor, k, m);
+        p.a.ld = m + 1 + (m + 1) % 2;
+        p.a.batch_stride = p.a.ld * k;
+        p.b = MatrixLayout::packed(p.b.format, Order::ColMajor, k, n);
+        p.b.ld = k + 32;
+        p.b.batch_stride = p.b.ld * n;
+        cases.push(Case { name: format!("{scheme} A^T, B col-major ld+32"), problem: p.clone() });
+
+        let mut q = scheme_problem(scheme, m, n, k);
+        q.trans_b = Transpose::T;
+        q.b = MatrixLayout::packed(q.b.format, Order::RowMajor, n, k);
+        q.d = MatrixLayout::packed(Format::Bf16, Order::ColMajor, m, n);
+        q.batch = 3;
+        q.a.batch_stride = m * k;
+        q.d.batch_stride = m * n;
+        q.c = Some(MatrixLayout {
+            batch_stride: m * n,
+            ..MatrixLayout::packed(Format::Bf16, Order::RowMajor, m, n)
+        });
+        q.beta = Scalar::Host(0.5);
+        q.alpha = Scalar::Host(1.25);
+        q.epilogue = Epilogue {
+            bias: Some(Bias { format: Format::Bf16, axis: BiasAxis::Cols }),
+            activation: quantshadow_runtime::problem::Activation::Relu,
+        };
+        cases.push(Case {
+            name: format!("{scheme} B^T, batch 3 shared B, C beta, bias, relu, D col-major"),
+            problem: q,
+        });
+    }
+    cases
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU
+
+fn gpu_selftest(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    out.extend(gpu_helpers(checker));
+    for case in reference_cases(quick) {
+        out.extend(gpu_reference_case(checker, &case));
+    }
+    out.extend(gpu_compare(checker));
+    out.extend(gpu_sketch(checker, quick));
+    out
+}
+
+fn upload_inputs(
+    checker: &GpuChecker,
+    problem: &GemmProblem,
+    inputs: &HostInputs,
+) -> Result<(Vec<DeviceBuffer>, GemmBuffers), DeviceError> {
+    let mut keep = Vec::new();
+    let mut up = |data: Option<&Vec<u8>>| -> Result<u64, DeviceError> {
+        match data {
+            None => Ok(0),
+            Some(d) => {
+                let b = checker.upload(d)?;
+                let p = b.ptr;
+                keep.push(b);
+                Ok(p)
+            }
+        }
+    };
+    let a = up(Some(&inputs.a))?;
+    let b = up(Some(&inputs.b))?;
+    let c = up(inputs.c.as_ref())?;
+    let a_scale = up(inputs.a_scale.as_ref())?;
+    let b_scale = up(inputs.b_scale.as_ref())?;
+    let bias = up(inputs.bias.as_ref())?;
+    let d_bytes =
+        problem.d.format.bytes_for(problem.d.required_elements(problem.m, problem.n, problem.batch) as usize);
+    let d = checker.alloc_zeroed(d_bytes)?;
+    let d_ptr = d.ptr;
+    keep.push(d);
+    Ok((keep, GemmBuffers { a, b, c, d: d_ptr, a_scale, b_scale, bias, amax_d: 0 }))
+}
+
+/// NVFP4 tensor scales chosen by the quantizer become host values of the problem.
+fn with_tensor_scales(mut p: GemmProblem, inputs: &HostInputs) -> GemmProblem {
+    if let Some(v) = inputs.device_scalars.a_tensor_scale {
+        p.a_tensor_scale = Some(Scalar::Host(v));
+    }
+    if let Some(v) = inputs.device_scalars.b_tensor_scale {
+        p.b_tensor_scale = Some(Scalar::Host(v));
+    }
+    p
+}
+
+fn read_f32(buf: &DeviceBuffer) -> Result<Vec<f64>, DeviceError> {
+    Ok(buf.read()?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect())
+}
+
+fn nmse_and_nan(device: &[f64], oracle: &[f64]) -> (f64, u64) {
+    let sums = MetricSums::from_pairs(device, oracle);
+    (sums.finish().nmse, sums.nan_prod + sums.inf_prod + sums.nan_ref + sums.inf_ref)
+}
+
+const REFERENCE_NMSE_MAX: f64 = 1e-9;
+
+fn gpu_reference_case(checker: &GpuChecker, case: &Case) -> Vec<Outcome> {
+    let seed = hash3(0x5e1f, case.name.len() as u64, case.problem.m);
+    let run = || -> Result<Vec<Outcome>, String> {
+        let inputs = random_inputs(&case.problem, seed).map_err(|e| e.to_string())?;
+        let problem = with_tensor_scales(case.problem.clone(), &inputs);
+        let (_keep, bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| e.to_string())?;
+        let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| e.to_string())?;
+        let total_rows = problem.batch * problem.m;
+        let out = checker.alloc((total_rows * problem.n) as usize * 4).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        checker.reference(&g, None, &out, problem.n, false, Stream::default()).map_err(|e| e.to_string())?;
+        checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+        let device_ms = started.elapsed().as_secs_f64() * 1e3;
+        let gpu = read_f32(&out).map_err(|e| e.to_string())?;
+        let unrounded = OracleOptions { round_output: false, rows: None };
+        let oracle = reference_gemm(&problem, &inputs, &unrounded).map_err(|e| e.to_string())?;
+        let (nmse, nonfinite) = nmse_and_nan(&gpu, &oracle.values);
+        let full = outcome(
+            "reference full",
+            &case.name,
+            nmse <= REFERENCE_NMSE_MAX && nonfinite == 0,
+            format!("NMSE {nmse:.2e}, non-finite {nonfinite}, {device_ms:.2} ms"),
+        );
+        // Rows mode: a seeded subset of global rows, in a scrambled order.
+        let mut rng = SplitMix64::new(seed ^ 0x70);
+        let count = total_rows.min(37);
+        let rows: Vec<u64> = (0..count).map(|_| rng.below(total_rows)).collect();
+        let list: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
+        let list_buf = checker.upload(&list).map_err(|e| e.to_string())?;
+        let rows_out = checker.alloc((count * problem.n) as usize * 4).map_err(|e| e.to_string())?;
+        checker
+            .reference(&g, Some((&list_buf, count)), &rows_out, problem.n, false, Stream::default())
+            .map_err(|e| e.to_string())?;
+        checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+        let gpu_rows = read_f32(&rows_out).map_err(|e| e.to_string())?;
+        let n = problem.n as usize;
+        let expect: Vec<f64> =
+            rows.iter().flat_map(|&r| oracle.values[r as usize * n..(r as usize + 1) * n].to_vec()).collect();
+        let (rows_nmse, rows_nonfinite) = nmse_and_nan(&gpu_rows, &expect);
+        let rows_outcome = outcome(
+            "reference rows",
+            &case.name,
+            rows_nmse <= REFERENCE_NMSE_MAX && rows_nonfinite == 0,
+            format!("{count} rows, NMSE {rows_nmse:.2e}, non-finite {rows_nonfinite}"),
+        );
+        Ok(vec![full, rows_outcome])
+    };
+    run().unwrap_or_else(|e| vec![error_outcome("reference", &case.name, e)])
+}
+
+/// Device decoders, encoders, hashes and scale entries, bit for bit against the host.
+fn gpu_helpers(checker: &GpuChecker) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let build = KernelBuild::selftest();
+    let launch = |entry: &str, params: &QsSelftestParams| -> Result<(), DeviceError> {
+        let blocks = params.n.div_ceil(256).clamp(1, 4096);
+        let cfg = abi::LaunchConfig { grid: [blocks as u32, 1, 1], block: [256, 1, 1], shared_bytes: 0 };
+        checker.launch(&build, entry, &cfg, params, Stream::default())?;
+        checker.runtime().synchronize(Stream::default())
+    };
+    let blank = |n: u64| QsSelftestParams { n, ..Default::default() };
+    for format in Format::ALL {
+        let codes: Vec<u32> = match format.bits() {
+            32 => {
+                let mut rng = SplitMix64::new(format as u64);
+                (0..65536)
+                    .map(|_| rng.next_u64() as u32)
+                    .chain([0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 1])
+                    .collect()
+            }
+            bits => (0..1u32 << bits).collect(),
+        };
+        let result = (|| -> Result<(usize, String), DeviceError> {
+            let input = checker.upload(&codes.iter().flat_map(|c| c.to_le_bytes()).collect::<Vec<_>>())?;
+            let output = checker.alloc(codes.len() * 16)?;
+            let params = QsSelftestParams {
+                in_ptr: input.ptr,
+                out_ptr: output.ptr,
+                format: format as u32,
+                ..blank(codes.len() as u64)
+            };
+            launch("qs_selftest_decode", &params)?;
+            let values: Vec<f64> =
+                output.read()?.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+            let mut mismatches = 0usize;
+            let mut first = String::new();
+            for (i, code) in codes.iter().enumerate() {
+                let host = format.decode_code(*code);
+                let device = values[2 * i];
+                let same = host.to_bits() == device.to_bits() || (host.is_nan() && device.is_nan());
+                if !same {
+                    mismatches += 1;
+                    if first.is_empty() {
+                        first = format!("code {code:#x}: host {host} device {device}");
+                    }
+                }
+            }
+            Ok((mismatches, first))
+        })();
+        out.push(match result {
+            Ok((0, _)) => outcome(
+                "helpers",
+                format!("decode {format}"),
+                true,
+                format!("{} codes bit-exact", codes.len()),
+            ),
+            Ok((n, first)) => outcome(
+                "helpers",
+                format!("decode {format}"),
+                false,
+                format!("{n} mismatches, first {first}"),
+            ),
+            Err(e) => error_outcome("helpers", format!("decode {format}"), e),
+        });
+    }
+    // Encoders used to round the reference to D's format.
+    for format in
+        [Format::Bf16, Format::F16, Format::E4m3fn, Format::E4m3fnuz, Format::E5m2, Format::E5m2fnuz]
+    {
+        let mut rng = SplitMix64::new(0xe0c0 + format as u64);
+        let max = format.max_finite();
+        let values: Vec<f64> = (0..20000)
+            .map(|i| match i % 4 {
+                0 => rng.uniform(-1.2 * max, 1.2 * max),
+                1 => rng.normal(),
+                2 => rng.normal() * 1e-3,
+                _ => format.decode_code((rng.next_u64() as u32) & ((1 << format.bits()) - 1)),
+            })
+            .filter(|v| v.is_finite())
+            .collect();
+        let result = (|| -> Result<(usize, String), DeviceError> {
+            let input = checker.upload(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())?;
+            let output = checker.alloc(values.len() * 4)?;
+            let params = QsSelftestParams {
+                in_ptr: input.ptr,
+                out_ptr: output.ptr,
+                format: format as u32,
+                ..blank(values.len() as u64)
+            };
+            launch("qs_selftest_encode", &params)?;
+            let codes: Vec<u32> =
+                output.read()?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let bad: Vec<(f64, u32)> = values
+                .iter()
+                .zip(&codes)
+                .filter(|(v, c)| format.encode(**v) != **c)
+                .map(|(v, c)| (*v, *c))
+                .collect();
+            let first = bad
+                .first()
+                .map(|(v, c)| format!(", first {v:e}: host {:#x} device {c:#x}", format.encode(*v)))
+                .unwrap_or_default();
+            Ok((bad.len(), first))
+        })();
+        out.push(match result {
+            Ok((0, _)) => outcome(
+                "helpers",
+                format!("encode {format}"),
+                true,
+                format!("{} values identical", values.len()),
+            ),
+            Ok((n, first)) => outcome(
+                "helpers",
+                format!("encode {format}"),
+                false,
+                format!("{n} of {} differ{first}", values.len()),
+            ),
+            Err(e) => error_outcome("helpers", format!("encode {format}"), e),
+        });
+    }
+    // Hashes, probe signs and the row permutation.
+    let (seed, stream, total, stride, epoch) = (0x1234_5678_9abc_def0u64, 5u64, 4097u64, 256u64, 3u64);
+    let perm = RowPermutation::new(seed, total);
+    let result = (|| -> Result<usize, DeviceError> {
+        let xs: Vec<u64> = (0..total).collect();
+        let input = checker.upload(&xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
+        let output = checker.alloc(xs.len() * 24)?;
+        let params = QsSelftestParams {
+            in_ptr: input.ptr,
+            out_ptr: output.ptr,
+            seed,
+            stream,
+            perm_a: perm.a,
+            perm_b: perm.b,
+            total,
+            stride,
+            epoch,
+            ..blank(xs.len() as u64)
+        };
+        launch("qs_selftest_hash", &params)?;
+        let got: Vec<u64> =
+            output.read()?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        Ok(xs
+            .iter()
+            .enumerate()
+            .filter(|(i, &x)| {
+                got[3 * i] != hash3(seed, stream, x)
+                    || (got[3 * i + 1] != 0) != sketch::probe_negative(seed, stream as u32, x)
+                    || got[3 * i + 2] != perm.sample_row(stride, epoch, x)
+            })
+            .count())
+    })();
+    out.push(match result {
+        Ok(0) => outcome(
+            "helpers",
+            "hash3, probe signs, row permutation",
+            true,
+            format!("{total} indices identical"),
+        ),
+        Ok(n) => {
+            outcome("helpers", "hash3, probe signs, row permutation", false, format!("{n} indices differ"))
+        }
+        Err(e) => error_outcome("helpers", "hash3, probe signs, row permutation", e),
+    });
+    // Scale entries for every storage, against problem.rs.
+    for (name, spec, outer, inner, batch) in [
+        (
+            "outer-major ld+3",
+            ScaleSpec {
+                ld: 7,
+                batch_stride: 0,
+                ..ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, Format::F32)
+            },
+            300u64,
+            512u64,
+            1u64,
+        ),
+        (
+            "inner-major",
+            ScaleSpec::new(ScaleGranularity::Block { outer: 128, inner: 128 }, Format::F32)
+                .with_storage(ScaleStorage::InnerMajor),
+            300,
+            512,
+            1,
+        ),
+        (
+            "swizzled 128x4",
+            ScaleSpec::new(ScaleGranularity::Mx32, Format::Ue8m0).with_storage(ScaleStorage::Swizzled128x4),
+            300,
+            512,
+            1,
+        ),
+        (
+            "per-outer batched",
+            ScaleSpec { batch_stride: 301, ..ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32) },
+            300,
+            512,
+            3,
+        ),
+    ] {
+        let result = (|| -> Result<usize, String> {
+            let mut rng = SplitMix64::new(outer ^ inner);
+            let triples: Vec<[u64; 3]> =
+                (0..5000).map(|_| [rng.below(batch), rng.below(outer), rng.below(inner)]).collect();
+            let input = checker
+                .upload(&triples.iter().flatten().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
+                .map_err(|e| e.to_string())?;
+            let output = checker.alloc(triples.len() * 8).map_err(|e| e.to_string())?;
+            let scale =
+                QsScaleDesc::from_spec(&spec, 0x1000, outer, inner, batch).map_err(|e| e.to_string())?;
+            let params = QsSelftestParams {
+                in_ptr: input.ptr,
+                out_ptr: output.ptr,
+                scale,
+                ..blank(triples.len() as u64)
+            };
+            launch("qs_selftest_scale_entry", &params).map_err(|e| e.to_string())?;
+            let got: Vec<u64> = output
+                .read()
+                .map_err(|e| e.to_string())?
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            Ok(triples
+                .iter()
+                .zip(&got)
+                .filter(|(t, g)| spec.entry_for_element(t[0], t[1], t[2], outer, inner) != **g)
+                .count())
+        })();
+        out.push(match result {
+            Ok(0) => outcome("helpers", format!("scale entry {name}"), true, "5000 entries identical"),
+            Ok(n) => outcome("helpers", format!("scale entry {name}"), false, format!("{n} of 5000 differ")),
+            Err(e) => error_outcome("helpers", format!("scale entry {name}"), e),
+        });
+    }
+    out
+}
+
+/// Compare kernel vs host metrics on planted errors (production uploaded as D).
+fn gpu_compare(checker: &GpuChecker) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let (m, n, k) = (300u64, 1000u64, 256u64);
+    let problem = scheme_problem("fp8-rowwise", m, n, k);
+    let inputs = match random_inputs(&problem, 77) {
+        Ok(i) => i,
+        Err(e) => return vec![error_outcome("compare", "inputs", e)],
+    };
+    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
+        .expect("oracle");
+    let plants: Vec<(&str, Box<dyn Fn(usize, usize, f64) -> f64>)> = vec![
+        ("honest (bf16 rounding only)", Box::new(|_, _, v| v)),
+        ("2x magnitude", Box::new(|_, _, v| 2.0 * v)),
+        ("row 211 negated", Box::new(|i, _, v| if i == 211 { -v } else { v })),
+        ("one NaN at (5, 7)", Box::new(|i, j, v| if (i, j) == (5, 7) { f64::NAN } else { v })),
+    ];
+    for (name, plant) in plants {
+        let result = (|| -> Result<Outcome, String> {
+            let mut d = vec![0u8; problem.d.format.bytes_for((m * n) as usize)];
+            for i in 0..m as usize {
+                for j in 0..n as usize {
+                    let v = plant(i, j, reference.values[i * n as usize + j]);
+                    problem.d.format.store_code(&mut d, i * n as usize + j, problem.d.format.encode(v));
+                }
+            }
+            let prod = decode_output(&problem, &d).map_err(|e| e.to_string())?.values;
+            let d_buf = checker.upload(&d).map_err(|e| e.to_string())?;
+            let ref_f32: Vec<u8> = reference.values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
+            let ref_buf = checker.upload(&ref_f32).map_err(|e| e.to_string())?;
+            let ref_host: Vec<f64> = reference.values.iter().map(|v| *v as f32 as f64).collect();
+            let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
+            let d_desc = QsMatrixDesc::new(&problem.d, d_buf.ptr, Transpose::N, m, n, 1);
+            checker
+                .compare(
+                    &d_desc,
+                    m,
+                    n,
+                    QsRowSel::all(m),
+                    &ref_buf,
+                    n,
+                    None,
+                    abi::CHECK_FULL,
+                    (1, 2),
+                    Stream::default(),
+                )
+                .map_err(|e| e.to_string())?;
+            let slot = checker.ring.lock().unwrap().poll().ok_or("no result slot arrived")?;
+            let device = sketch::slot_metrics(&slot);
+            Ok(metrics_agree("compare", name, &device, &host))
+        })();
+        out.push(result.unwrap_or_else(|e| error_outcome("compare", name, e)));
+    }
+    out
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    if a == b {
+        0.0
+    } else {
+        (a - b).abs() / b.abs().max(1e-300)
+    }
+}
+
+fn metrics_agree(section: &'static str, name: &str, device: &Metrics, host: &Metrics) -> Outcome {
+    let worst_same = device.worst_row.map(|w| w.index) == host.worst_row.map(|w| w.index);
+    // Cosine near 1 is a small difference of large sums: agreement is judged in absolute
+    // terms (1e-8, far below any threshold's resolution); NMSE is computed from the
+    // difference itself and must agree closely in relative terms.
+    let close = (device.cosine - host.cosine).abs() <= 1e-8
+        && rel(device.nmse, host.nmse) <= 1e-6
+        && rel(device.norm_ratio, host.norm_ratio) <= 1e-7
+        && device.nan_prod == host.nan_prod
+        && device.inf_prod == host.inf_prod;
+    outcome(
+        section,
+        name,
+        close && worst_same,
+        format!(
+            "device cos {:.9} nmse {:.6e} norm {:.9} worst {:?} nan {} | host cos {:.9} nmse {:.6e} norm {:.9} worst {:?} nan {}",
+            device.cosine,
+            device.nmse,
+            device.norm_ratio,
+            device.worst_row.map(|w| w.index),
+            device.nan_prod,
+            host.cosine,
+            host.nmse,
+            host.norm_ratio,
+            host.worst_row.map(|w| w.index),
+            host.nan_prod
+        ),
+    )
+}
+
+/// A sketch scenario: a problem, how production is broken, and what must hold.
+struct SketchScenario {
+    name: &'static str,
+    scheme: &'static str,
+    m: u64,
+    probes: u32,
+    rows_per_call: u64,
+    plant: Plant,
+}
+
+#[derive(Clone, Copy)]
+enum Plant {
+    /// Production = reference + relative Gaussian noise of this size (full rank).
+    Noise(f64),
+    /// One row of A's scale multiplied (low rank: one token wrong).
+    ScaleRow { row: u64, factor: f64 },
+    /// Production = factor x reference (magnitude bug).
+    Magnitude(f64),
+    /// One row of D replaced by another row (a single bad row).
+    WrongRow(u64),
+}
+
+fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
+    let fp8_nmse = Thresholds::default().fp8.nmse_max;
+    let mut scenarios = vec![
+        SketchScenario {
+            name: "full-rank noise k=8",
+            scheme: "fp8-rowwise",
+            m: 200,
+            probes: 8,
+            rows_per_call: 256,
+            plant: Plant::Noise(0.05),
+        },
+        SketchScenario {
+            name: "one wrong scale row k=32",
+            scheme: "fp8-rowwise",
+            m: 200,
+            probes: 32,
+            rows_per_call: 256,
+            plant: Plant::ScaleRow { row: 17, factor: 3.0 },
+        },
+        SketchScenario {
+            name: "10x above the FP8 NMSE bound",
+            scheme: "fp8-block128",
+            m: 256,
+            probes: 32,
+            rows_per_call: 256,
+            plant: Plant::Noise((10.0 * fp8_nmse).sqrt()),
+        },
+        SketchScenario {
+            name: "10x below the FP8 NMSE bound",
+            scheme: "fp8-block128",
+            m: 256,
+            probes: 32,
+            rows_per_call: 256,
+            plant: Plant::Noise((0.1 * fp8_nmse).sqrt()),
+        },
+        SketchScenario {
+            name: "2x magnitude (fn read as fnuz)",
+            scheme: "fp8-tensor",
+            m: 64,
+            probes: 8,
+            rows_per_call: 256,
+            plant: Plant::Magnitude(0.5),
+        },
+        SketchScenario {
+            name: "one wrong row among 4097",
+            scheme: "bf16",
+            m: 4097,
+            probes: 32,
+            rows_per_call: 256,
+            plant: Plant::WrongRow(3001),
+        },
+    ];
+    if quick {
+        scenarios.truncate(3);
+    }
+    scenarios.iter().flat_map(|s| gpu_sketch_scenario(checker, s)).collect()
+}
+
+fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome> {
+    let run = || -> Result<Vec<Outcome>, String> {
+        let (n, k) = (1024u64, 512u64);
+        let problem = scheme_problem(s.scheme, s.m, n, k);
+        let mut inputs = random_inputs(&problem, 0x5ce7 + s.m).map_err(|e| e.to_string())?;
+        let problem = with_tensor_scales(problem, &inputs);
+        let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
+            .map_err(|e| e.to_string())?;
+        // Production: the reference broken as planted, stored in D's format.
+        let mut prod_inputs = inputs.clone();
+        if let Plant::ScaleRow { row, factor } = s.plant {
+            let spec = problem.a_scale.ok_or("the scale-row plant needs A scales")?;
+            let scales = prod_inputs.a_scale.as_mut().ok_or("no A scales")?;
+            let entry = problem.a_scale_entry(&spec, 0, row, 0) as usize;
+            let v = spec.format.load(scales, entry) * factor;
+            spec.format.store_code(scales, entry, spec.format.encode(v));
+        }
+        let production_exact =
+            reference_gemm(&problem, &prod_inputs, &OracleOptions { round_output: false, rows: None })
+                .map_err(|e| e.to_string())?;
+        let mut rng = SplitMix64::new(99);
+        let (m, nn) = (s.m as usize, n as usize);
+        let rms =
+            (reference.values.iter().map(|v| v * v).sum::<f64>() / reference.values.len() as f64).sqrt();
+        let mut d = vec![0u8; problem.d.format.bytes_for(m * nn)];
+        for i in 0..m {
+            for j in 0..nn {
+                let base = production_exact.values[i * nn + j];
+                let v = match s.plant {
+                    Plant::Noise(eps) => base + eps * rms * rng.normal(),
+                    Plant::Magnitude(f) => f * base,
+                    Plant::WrongRow(r) if i as u64 == r => production_exact.values[((i + 1) % m) * nn + j],
+                    _ => base,
+                };
+                problem.d.format.store_code(&mut d, i * nn + j, problem.d.format.encode(v));
+            }
+        }
+        let prod = decode_output(&problem, &d).map_err(|e| e.to_string())?.values;
+        let exact = compare_matrix(&prod, &reference.values, m, nn);
+
+        // Device: weight projection once, then checks over epochs until every row was sampled.
+        let (_keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| e.to_string())?;
+        let d_buf = checker.upload(&d).map_err(|e| e.to_string())?;
+        bufs.d = d_buf.ptr;
+        let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| e.to_string())?;
+        let seed = 0xabcdef;
+        let weight = checker
+            .sketch_weight(&g, problem.a.format, problem.d.format, seed, s.probes)
+            .map_err(|e| e.to_string())?;
+        let sample = sketch::RowSample::new(seed, s.m, s.rows_per_call);
+        let scratch = checker
+            .sketch_scratch(sample.count.min(s.m), k, n, s.probes, false)
+            .map_err(|e| e.to_string())?;
+        let epoch_buf = checker.alloc_zeroed(8).map_err(|e| e.to_string())?;
+        let epochs = sample.epochs_to_cover();
+        let mut slots = Vec::new();
+        for e in 0..epochs {
+            let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
+            checker
+                .sketch_check(
+                    &g,
+                    rows,
+                    &weight,
+                    &scratch,
+                    problem.a.format,
+                    problem.d.format,
+                    (7, e),
+                    Stream::default(),
+                )
+                .map_err(|e| e.to_string())?;
+            checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+            slots.push(checker.ring.lock().unwrap().poll().ok_or("no sketch result arrived")?);
+        }
+        // The host mirror of the first epoch, from the oracle's decoded operands.
+        let a_dense = decode_operand_a(&problem, &inputs, 0).map_err(|e| e.to_string())?;
+        let b_dense = decode_operand_b(&problem, &inputs, 0).map_err(|e| e.to_string())?;
+        let dense = DenseGemm {
+            m,
+            n: nn,
+            k: k as usize,
+            batch: 1,
+            a: &a_dense,
+            b: &b_dense,
+            c: None,
+            bias: None,
+            alpha: 1.0,
+            beta: 0.0,
+            d_scale: 1.0,
+        };
+        let cfg = SketchConfig { seed, probes: s.probes, rows_per_call: s.rows_per_call };
+        let host = sketch::sketch_check(&dense, &prod, &cfg, 0).map_err(|e| e.to_string())?.metrics();
+        let device = sketch::slot_metrics(&slots[0]);
+        let mut outs = vec![outcome(
+            "sketch device=host",
+            s.name,
+            rel(device.nmse, host.nmse) <= 1e-3 && rel(device.cosine, host.cosine) <= 1e-6,
+            format!(
+                "device nmse {:.4e} cos {:.6} | host mirror nmse {:.4e} cos {:.6}",
+                device.nmse, device.cosine, host.nmse, host.cosine
+            ),
+        )];
+        let judge = |m: &Metrics| !Thresholds::default().judge(problem.class(), m).is_empty();
+        let (claim, pass) = match s.plant {
+            Plant::Noise(_) if s.name.contains("10x above") => ("flagged", judge(&device)),
+            Plant::Noise(_) if s.name.contains("10x below") => ("not flagged", !judge(&device)),
+            Plant::Noise(_) => ("NMSE within 25%", rel(device.nmse, exact.nmse) <= 0.25),
+            Plant::ScaleRow { .. } => {
+                ("NMSE within 2x", device.nmse <= 2.0 * exact.nmse && device.nmse >= 0.5 * exact.nmse)
+            }
+            Plant::Magnitude(_) => ("flagged", judge(&device)),
+            Plant::WrongRow(r) => {
+                let found = slots
+                    .iter()
+                    .any(|slot| sketch::slot_metrics(slot).worst_row.is_some_and(|w| w.index == r));
+                ("found as the worst row", found)
+            }
+        };
+        outs.push(outcome(
+            "sketch claim",
+            format!("{}: {claim}", s.name),
+            pass,
+            format!(
+                "estimate nmse {:.4e} cos {:.6} norm {:.4} | exact nmse {:.4e} cos {:.6} norm {:.4} ({} epochs)",
+                device.nmse, device.cosine, device.norm_ratio, exact.nmse, exact.cosine, exact.norm_ratio, epochs
+            ),
+        ));
+        let _ = &mut inputs;
+        Ok(outs)
+    };
+    run().unwrap_or_else(|e| vec![error_outcome("sketch", s.name, e)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host device (no GPU)
+
+fn host_selftest(quick: bool) -> Vec<Outcome> {
+    // The host device's reference is the oracle itself, so what can be tested here is the
+    // sketch estimator (the host mirror of the device kernel) against exact metrics.
+    let fp8_nmse = Thresholds::default().fp8.nmse_max;
+    let mut out = Vec::new();
+    let cases: Vec<(&str, f64, u32)> = vec![
+        ("full-rank noise k=8", 0.05, 8),
+        ("10x above the FP8 NMSE bound", (10.0 * fp8_nmse).sqrt(), 32),
+        ("10x below the FP8 NMSE bound", (0.1 * fp8_nmse).sqrt(), 32),
+    ];
+    let take = if quick { 1 } else { cases.len() };
+    for (name, eps, probes) in cases.into_iter().take(take) {
+        let (m, n, k) = (200usize, 512usize, 256usize);
+        let problem = scheme_problem("fp8-rowwise", m as u64, n as u64, k as u64);
+        let run = || -> Result<Outcome, String> {
+            let inputs = random_inputs(&problem, 11).map_err(|e| e.to_string())?;
+            let a = decode_operand_a(&problem, &inputs, 0).map_err(|e| e.to_string())?;
+            let b = decode_operand_b(&problem, &inputs, 0).map_err(|e| e.to_string())?;
+            let dense = DenseGemm {
+                m,
+                n,
+                k,
+                batch: 1,
+                a: &a,
+                b: &b,
+                c: None,
+                bias: None,
+                alpha: 1.0,
+                beta: 0.0,
+                d_scale: 1.0,
+            };
+            let reference = dense.reference();
+            let rms = (reference.iter().map(|v| v * v).sum::<f64>() / reference.len() as f64).sqrt();
+            let mut rng = SplitMix64::new(5);
+            let prod: Vec<f64> = reference.iter().map(|v| v + eps * rms * rng.normal()).collect();
+            let exact = compare_matrix(&prod, &reference, m, n);
+            let cfg = SketchConfig { seed: 3, probes, rows_per_call: 256 };
+            let est = sketch::sketch_check(&dense, &prod, &cfg, 0).map_err(|e| e.to_string())?.metrics();
+            let flagged = !Thresholds::default().judge(FormatClass::Fp8, &est).is_empty();
+            let pass = if name.contains("above") {
+                flagged
+            } else if name.contains("below") {
+                !flagged
+            } else {
+                rel(est.nmse, exact.nmse) <= 0.25
+            };
+            Ok(outcome(
+                "sketch claim (host)",
+                name,
+                pass,
+                format!("estimate nmse {:.4e} | exact {:.4e}", est.nmse, exact.nmse),
+            ))
+        };
+        out.push(run().unwrap_or_else(|e| error_outcome("sketch (host)", name, e)));
+    }
+    out
+}

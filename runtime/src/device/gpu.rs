@@ -1,0 +1,552 @@
+//! The reference side on a GPU: kernel programs, device buffers, the results ring, and the
+//! launches of one check (reference GEMM, compare, sketch), over any [`GpuRuntime`].
+//!
+//! Per-call launches here allocate nothing when given scratch from a pool, never synchronise,
+//! and write results into the ring in mapped host memory: they can be enqueued on a capturing
+//! stream and replayed. Set-up (programs, weights' projections, buffers) happens outside.
+
+use super::abi::{
+    self, CompareGeometry, KernelBuild, KernelParams, LaunchConfig, QsCompareParams, QsGemmDesc,
+    QsMatrixDesc, QsPrepParams, QsRefParams, QsResultSlot, QsRingCtl, QsRingDesc, QsRingHeader, QsRowSel,
+    QsSketchParams, QsWprojParams, SketchGeometry,
+};
+use super::registry::{KernelRegistry, LoadedProgram};
+use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, MappedHost, Stream};
+use crate::formats::Format;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// Device memory freed on drop.
+pub struct DeviceBuffer {
+    runtime: Arc<dyn GpuRuntime>,
+    pub ptr: DevicePtr,
+    pub bytes: usize,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({:#x}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by this runtime's malloc and owned by this buffer alone.
+        let _ = unsafe { self.runtime.free(self.ptr) };
+    }
+}
+
+impl DeviceBuffer {
+    pub fn read(&self) -> Result<Vec<u8>, DeviceError> {
+        let mut out = vec![0u8; self.bytes];
+        self.runtime.copy_to_host_sync(&mut out, self.ptr)?;
+        Ok(out)
+    }
+}
+
+/// The results ring: header and slots in mapped host memory, the ticket counter in device
+/// memory (atomics on mapped memory are not atomic across the bus).
+pub struct ResultRing {
+    runtime: Arc<dyn GpuRuntime>,
+    mapped: MappedHost,
+    ctl: DeviceBuffer,
+    capacity: u32,
+    consumed: u64,
+}
+
+// SAFETY: the mapped pointers are owned by the ring; access goes through &mut self.
+unsafe impl Send for ResultRing {}
+
+impl Drop for ResultRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated by alloc_mapped of this runtime and owned by the ring alone.
+        let _ = unsafe { self.runtime.free_mapped(&self.mapped) };
+    }
+}
+
+const SLOT_BYTES: usize = std::mem::size_of::<QsResultSlot>();
+const HEADER_BYTES: usize = std::mem::size_of::<QsRingHeader>();
+
+impl ResultRing {
+    pub fn new(runtime: Arc<dyn GpuRuntime>, capacity: u32) -> Result<ResultRing, DeviceError> {
+        let capacity = capacity.max(1);
+        let mapped = runtime.alloc_mapped(HEADER_BYTES + capacity as usize * SLOT_BYTES)?;
+        let header = QsRingHeader {
+            magic: abi::RING_MAGIC,
+            abi_version: abi::ABI_VERSION,
+            slot_size: SLOT_BYTES as u32,
+            capacity,
+            ..Default::default()
+        };
+        // SAFETY: the mapping holds at least HEADER_BYTES; QsRingHeader is plain data.
+        unsafe { std::ptr::write_unaligned(mapped.host as *mut QsRingHeader, header) };
+        let ctl_bytes = std::mem::size_of::<QsRingCtl>();
+        let ctl =
+            DeviceBuffer { ptr: runtime.malloc(ctl_bytes)?, bytes: ctl_bytes, runtime: runtime.clone() };
+        runtime.copy_to_device_sync(ctl.ptr, &[0u8; std::mem::size_of::<QsRingCtl>()])?;
+        Ok(ResultRing { runtime, mapped, ctl, capacity, consumed: 0 })
+    }
+
+    pub fn desc(&self) -> QsRingDesc {
+        QsRingDesc {
+            header_ptr: self.mapped.device,
+            slots_ptr: self.mapped.device + HEADER_BYTES as u64,
+            ctl_ptr: self.ctl.ptr,
+            capacity: self.capacity,
+            reserved: 0,
+        }
+    }
+
+    /// The next completed slot, if any; publishes it as consumed so the device may reuse it.
+    pub fn poll(&mut self) -> Option<QsResultSlot> {
+        let index = (self.consumed % self.capacity as u64) as usize;
+        // SAFETY: the slot lies inside the mapping; volatile because the device writes it.
+        let slot_ptr = unsafe { self.mapped.host.add(HEADER_BYTES + index * SLOT_BYTES) };
+        // SAFETY: `ready` is the first u64 of the slot (abi pins the layout).
+        let ready = unsafe { std::ptr::read_volatile(slot_ptr as *const u64) };
+        if ready != self.consumed + 1 {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: the device wrote the whole slot before `ready` (system-scope fence).
+        let slot = unsafe { std::ptr::read_volatile(slot_ptr as *const QsResultSlot) };
+        self.consumed += 1;
+        // SAFETY: `consumed` is a u64 field of the header inside the mapping.
+        unsafe {
+            let header = self.mapped.host as *mut QsRingHeader;
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*header).consumed), self.consumed);
+        }
+        Some(slot)
+    }
+
+    /// Results the device could not write because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        // SAFETY: `dropped` is a u64 field of the header inside the mapping.
+        unsafe {
+            let header = self.mapped.host as *const QsRingHeader;
+            std::ptr::read_volatile(std::ptr::addr_of!((*header).dropped))
+        }
+    }
+}
+
+/// One device's programs, ring and launch helpers.
+pub struct GpuChecker {
+    runtime: Arc<dyn GpuRuntime>,
+    pub info: DeviceInfo,
+    registry: KernelRegistry,
+    pub ring: Mutex<ResultRing>,
+}
+
+/// A launch resolved once (function, geometry, parameters) and enqueued many times: the
+/// per-call cost is one driver launch, nothing else.
+pub struct PreparedLaunch<P: KernelParams> {
+    function: super::Function,
+    config: LaunchConfig,
+    pub params: P,
+}
+
+/// Scratch of one compare (device memory), sized by its geometry.
+pub struct CompareScratch {
+    geometry: CompareGeometry,
+    partials: DeviceBuffer,
+    rowout: Option<DeviceBuffer>,
+    counter: DeviceBuffer,
+    status: DeviceBuffer,
+}
+
+/// Scratch of one sketch check (device memory), sized by its geometry.
+pub struct SketchScratch {
+    pub geometry: SketchGeometry,
+    partials: DeviceBuffer,
+    counts: DeviceBuffer,
+    groups: DeviceBuffer,
+    counters: DeviceBuffer,
+    status: DeviceBuffer,
+    pub row_stats: Option<DeviceBuffer>,
+}
+
+/// Per-weight sketch state: probe signs, their sums, the bias projection and W_R = B_ref R.
+pub struct SketchWeight {
+    pub seed: u64,
+    pub k: u32,
+    pub kp: u32,
+    signs: DeviceBuffer,
+    rsum: DeviceBuffer,
+    bproj: DeviceBuffer,
+    wr: DeviceBuffer,
+    wr_batch_stride: u64,
+}
+
+impl GpuChecker {
+    pub fn new(runtime: Arc<dyn GpuRuntime>, ring_capacity: u32) -> Result<GpuChecker, DeviceError> {
+        let info = runtime.current_device()?;
+        let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
+        let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
+        Ok(GpuChecker { runtime, info, registry, ring: Mutex::new(ring) })
+    }
+
+    pub fn runtime(&self) -> &Arc<dyn GpuRuntime> {
+        &self.runtime
+    }
+
+    pub fn program(&self, build: &KernelBuild) -> Result<Arc<LoadedProgram>, DeviceError> {
+        self.registry.program(self.runtime.as_ref(), build)
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, DeviceError> {
+        Ok(DeviceBuffer { ptr: self.runtime.malloc(bytes.max(1))?, bytes, runtime: self.runtime.clone() })
+    }
+
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, DeviceError> {
+        let b = self.alloc(bytes)?;
+        self.runtime.copy_to_device_sync(b.ptr, &vec![0u8; bytes])?;
+        Ok(b)
+    }
+
+    pub fn upload(&self, data: &[u8]) -> Result<DeviceBuffer, DeviceError> {
+        let b = self.alloc(data.len())?;
+        self.runtime.copy_to_device_sync(b.ptr, data)?;
+        Ok(b)
+    }
+
+    /// Launches `entry` of `build` with `params` as its single by-value parameter.
+    pub fn launch<P: KernelParams>(
+        &self,
+        build: &KernelBuild,
+        entry: &str,
+        config: &LaunchConfig,
+        params: &P,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let function = self.program(build)?.function(entry)?;
+        let mut param_ptrs = [params as *const P as *mut c_void];
+        // SAFETY: every kernel of the ABI takes exactly one parameter of type P (abi.rs pins
+        // the entry -> params pairing) and P is plain data the driver copies at launch.
+        unsafe {
+            self.runtime.launch(
+                function,
+                config.grid,
+                config.block,
+                config.shared_bytes,
+                stream,
+                &mut param_ptrs,
+            )
+        }
+    }
+
+    /// Enqueues a prepared launch on `stream` (no allocation, no lookup, no synchronisation).
+    pub fn launch_prepared<P: KernelParams>(
+        &self,
+        prepared: &PreparedLaunch<P>,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
+        let c = &prepared.config;
+        // SAFETY: the function was resolved for exactly this parameter type when prepared.
+        unsafe {
+            self.runtime.launch(prepared.function, c.grid, c.block, c.shared_bytes, stream, &mut param_ptrs)
+        }
+    }
+
+    fn prepare<P: KernelParams>(
+        &self,
+        build: &KernelBuild,
+        entry: &str,
+        config: LaunchConfig,
+        params: P,
+    ) -> Result<PreparedLaunch<P>, DeviceError> {
+        Ok(PreparedLaunch { function: self.program(build)?.function(entry)?, config, params })
+    }
+
+    /// Scratch for comparing `rows` rows of `n` columns (logits: with top-k rows).
+    pub fn compare_scratch(&self, rows: u64, n: u64, logits: bool) -> Result<CompareScratch, DeviceError> {
+        let geometry = CompareGeometry::new(rows, n, logits, self.info.multiprocessors, self.info.warp_size)
+            .map_err(abi_err)?;
+        Ok(CompareScratch {
+            partials: self.alloc(geometry.partials_bytes() as usize)?,
+            rowout: if logits {
+                Some(self.alloc(rows as usize * std::mem::size_of::<abi::QsLogitsRow>())?)
+            } else {
+                None
+            },
+            counter: self.alloc_zeroed(4)?,
+            status: self.alloc_zeroed(4)?,
+            geometry,
+        })
+    }
+
+    /// A compare of D rows against an f32 reference, resolved once; each launch writes a ring slot.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_compare(
+        &self,
+        d: &QsMatrixDesc,
+        m: u64,
+        n: u64,
+        rows: QsRowSel,
+        reference: &DeviceBuffer,
+        ref_ld: u64,
+        logits_topk: Option<u32>,
+        kind: u32,
+        tag: (u64, u64),
+        scratch: &CompareScratch,
+    ) -> Result<PreparedLaunch<QsCompareParams>, DeviceError> {
+        let d_format = format_of(d.format)?;
+        let build = KernelBuild::compare(d_format).map_err(abi_err)?;
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).desc();
+        let params = QsCompareParams {
+            d: *d,
+            rows,
+            ring,
+            tag: tag.0,
+            tag2: tag.1,
+            m,
+            n,
+            ref_ptr: reference.ptr,
+            ref_ld,
+            partials_ptr: scratch.partials.ptr,
+            rowout_ptr: scratch.rowout.as_ref().map_or(0, |b| b.ptr),
+            counter_ptr: scratch.counter.ptr,
+            status_ptr: scratch.status.ptr,
+            row_stats_ptr: 0,
+            kind: if logits_topk.is_some() { abi::CHECK_LOGITS } else { kind },
+            topk: logits_topk.unwrap_or(0),
+            block_per_row: scratch.geometry.block_per_row as u32,
+            reserved: 0,
+        };
+        let entry = match logits_topk {
+            Some(_) => format!("qs_compare_logits_{}", d_format.name()),
+            None => format!("qs_compare_{}", d_format.name()),
+        };
+        self.prepare(&build, &entry, scratch.geometry.launch, params)
+    }
+
+    /// Full or rows reference into `out` (f32, `out_ld` per row), rounded to D's format when
+    /// `round_to_d`.
+    pub fn reference(
+        &self,
+        g: &QsGemmDesc,
+        rows: Option<(&DeviceBuffer, u64)>,
+        out: &DeviceBuffer,
+        out_ld: u64,
+        round_to_d: bool,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let (a, b) = (format_of(g.a.format)?, format_of(g.b.format)?);
+        let build = KernelBuild::gemm_ref(a, b).map_err(abi_err)?;
+        let (entry, sel, cfg) = match rows {
+            None => (
+                format!("qs_gemm_ref_{}_{}", a.name(), b.name()),
+                QsRowSel::all(g.total_rows()),
+                abi::gemm_ref_launch(g).map_err(abi_err)?,
+            ),
+            Some((list, count)) => (
+                format!("qs_gemm_ref_rows_{}_{}", a.name(), b.name()),
+                QsRowSel::list(g.total_rows(), list.ptr, count),
+                abi::gemm_ref_rows_launch(g, count).map_err(abi_err)?,
+            ),
+        };
+        let params = QsRefParams {
+            g: *g,
+            rows: sel,
+            out_ptr: out.ptr,
+            out_ld,
+            status_ptr: 0,
+            round_to_d: round_to_d as u32,
+            reserved: 0,
+        };
+        self.launch(&build, &entry, &cfg, &params, stream)
+    }
+
+    /// Compares rows of D with an f32 reference once (scratch allocated here, synchronises):
+    /// for the selftest and tools; the shim prepares once and launches per call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn compare(
+        &self,
+        d: &QsMatrixDesc,
+        m: u64,
+        n: u64,
+        rows: QsRowSel,
+        reference: &DeviceBuffer,
+        ref_ld: u64,
+        logits_topk: Option<u32>,
+        kind: u32,
+        tag: (u64, u64),
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let scratch = self.compare_scratch(rows.count, n, logits_topk.is_some())?;
+        let prepared =
+            self.prepare_compare(d, m, n, rows, reference, ref_ld, logits_topk, kind, tag, &scratch)?;
+        self.launch_prepared(&prepared, stream)?;
+        self.runtime.synchronize(stream)
+    }
+
+    /// Probe signs, sums and W_R = B_ref R for one weight (set-up; synchronises).
+    pub fn sketch_weight(
+        &self,
+        g: &QsGemmDesc,
+        a: Format,
+        d: Format,
+        seed: u64,
+        k: u32,
+    ) -> Result<SketchWeight, DeviceError> {
+        let b = format_of(g.b.format)?;
+        let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
+        let kp = abi::padded_probes(k).map_err(abi_err)?;
+        let signs = self.alloc(g.n as usize * 4)?;
+        let rsum = self.alloc(abi::MAX_PROBES * 8)?;
+        let bproj = self.alloc(abi::MAX_PROBES * 8)?;
+        let prep_cfg = abi::sketch_prep_launch(g.n, self.info.multiprocessors).map_err(abi_err)?;
+        let partials = self.alloc(abi::sketch_prep_partials_bytes(&prep_cfg) as usize)?;
+        let counter = self.alloc_zeroed(4)?;
+        let status = self.alloc_zeroed(4)?;
+        let prep = QsPrepParams {
+            n: g.n,
+            seed,
+            signs_ptr: signs.ptr,
+            rsum_ptr: rsum.ptr,
+            bproj_ptr: bproj.ptr,
+            partials_ptr: partials.ptr,
+            counter_ptr: counter.ptr,
+            status_ptr: status.ptr,
+            bias: g.bias,
+            k,
+            reserved: 0,
+        };
+        self.launch(&build, "qs_sketch_prep", &prep_cfg, &prep, Stream::default())?;
+        let items = if g.b_batched() { g.batch } else { 1 };
+        let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
+        let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
+        let wproj = QsWprojParams {
+            b: g.b,
+            b_scale: g.b_scale,
+            k_dim: g.k,
+            n_dim: g.n,
+            items,
+            signs_ptr: signs.ptr,
+            out_ptr: wr.ptr,
+            status_ptr: status.ptr,
+            kp,
+            reserved: 0,
+        };
+        let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
+        self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, Stream::default())?;
+        self.runtime.synchronize(Stream::default())?;
+        Ok(SketchWeight { seed, k, kp, signs, rsum, bproj, wr, wr_batch_stride })
+    }
+
+    /// Scratch for sketch checks of `rows` rows of a K x N problem.
+    pub fn sketch_scratch(
+        &self,
+        rows: u64,
+        k_dim: u64,
+        n_dim: u64,
+        k: u32,
+        row_stats: bool,
+    ) -> Result<SketchScratch, DeviceError> {
+        let geometry =
+            SketchGeometry::new(rows, k_dim, n_dim, k, self.info.multiprocessors, self.info.warp_size)
+                .map_err(abi_err)?;
+        Ok(SketchScratch {
+            partials: self.alloc(geometry.partials_bytes() as usize)?,
+            counts: self.alloc(geometry.counts_bytes() as usize)?,
+            groups: self.alloc(geometry.group_bytes() as usize)?,
+            counters: self.alloc_zeroed(geometry.counters_bytes() as usize)?,
+            status: self.alloc_zeroed(4)?,
+            row_stats: if row_stats { Some(self.alloc(rows as usize * 24)?) } else { None },
+            geometry,
+        })
+    }
+
+    /// One fused sketch check resolved once: every launch of it is one driver call, writes a
+    /// fresh ring slot and advances the row epoch on the device (so graph replays rotate rows).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_sketch_check(
+        &self,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        a: Format,
+        d: Format,
+        tag: (u64, u64),
+    ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
+        let b = format_of(g.b.format)?;
+        let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
+        let params = self.sketch_params(g, rows, weight, scratch, tag);
+        self.prepare(
+            &build,
+            &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
+            scratch.geometry.launch,
+            params,
+        )
+    }
+
+    fn sketch_params(
+        &self,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        tag: (u64, u64),
+    ) -> QsSketchParams {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).desc();
+        let geo = &scratch.geometry;
+        QsSketchParams {
+            g: *g,
+            rows,
+            ring,
+            tag: tag.0,
+            tag2: tag.1,
+            signs_ptr: weight.signs.ptr,
+            wr_ptr: weight.wr.ptr,
+            wr_batch_stride: weight.wr_batch_stride,
+            rsum_ptr: weight.rsum.ptr,
+            bproj_ptr: weight.bproj.ptr,
+            partials_ptr: scratch.partials.ptr,
+            counts_ptr: scratch.counts.ptr,
+            group_ptr: scratch.groups.ptr,
+            counters_ptr: scratch.counters.ptr,
+            status_ptr: scratch.status.ptr,
+            row_stats_ptr: scratch.row_stats.as_ref().map_or(0, |b| b.ptr),
+            k: weight.k,
+            kp: weight.kp,
+            splits: geo.splits,
+            rows_per_group: geo.rows_per_group,
+        }
+    }
+
+    /// One fused sketch check; the result lands in the ring tagged `tag`. No allocation, no
+    /// synchronisation: safe to enqueue on a capturing stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sketch_check(
+        &self,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        a: Format,
+        d: Format,
+        tag: (u64, u64),
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let b = format_of(g.b.format)?;
+        let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
+        let params = self.sketch_params(g, rows, weight, scratch, tag);
+        let geo = &scratch.geometry;
+        self.launch(
+            &build,
+            &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
+            &geo.launch,
+            &params,
+            stream,
+        )
+    }
+}
+
+fn format_of(code: u32) -> Result<Format, DeviceError> {
+    Format::from_u8(code as u8).ok_or_else(|| DeviceError::Unsupported(format!("format code {code}")))
+}
+
+fn abi_err(e: abi::AbiError) -> DeviceError {
+    DeviceError::Unsupported(e.to_string())
+}
