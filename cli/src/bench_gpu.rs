@@ -9,7 +9,7 @@
 
 use quantshadow_runtime::device::abi::{QsGemmDesc, QsMatrixDesc, QsRowSel};
 use quantshadow_runtime::device::cuda::CudaRuntime;
-use quantshadow_runtime::device::gpu::GpuChecker;
+use quantshadow_runtime::device::gpu::{CompareRequest, GpuChecker};
 use quantshadow_runtime::device::{DeviceError, GpuRuntime, Stream};
 use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::problem::{GemmBuffers, GemmProblem, ScaleGranularity, ScaleSpec, Transpose};
@@ -205,20 +205,18 @@ pub fn run() -> Result<String, String> {
     );
     let d_desc = QsMatrixDesc::new(&layout, d_buf.ptr, Transpose::N, m, n, 1);
     let scratch = checker.compare_scratch(m, n, false).map_err(|e| e.to_string())?;
-    let prepared = checker
-        .prepare_compare(
-            &d_desc,
-            m,
-            n,
-            QsRowSel::all(m),
-            &r_buf,
-            n,
-            None,
-            quantshadow_runtime::device::abi::CHECK_FULL,
-            (1, 0),
-            &scratch,
-        )
-        .map_err(|e| e.to_string())?;
+    let request = CompareRequest {
+        d: d_desc,
+        m,
+        n,
+        rows: QsRowSel::all(m),
+        reference: r_buf.ptr,
+        ref_ld: n,
+        logits_topk: None,
+        kind: quantshadow_runtime::device::abi::CHECK_FULL,
+        tag: (1, 0),
+    };
+    let prepared = checker.prepare_compare(&request, &scratch).map_err(|e| e.to_string())?;
     let ms = time_ms(rt.as_ref(), 20, 5, || checker.launch_prepared(&prepared, Stream::default()))
         .map_err(|e| e.to_string())?;
     while checker.ring.lock().unwrap().poll().is_some() {}

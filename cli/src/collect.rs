@@ -743,7 +743,7 @@ fn writer_loop(mut w: RunWriter, rx: Receiver<FrameBatch>, shared: &Shared) -> R
         shared.lost.fetch_add(*lost_records, Ordering::Relaxed);
         failures += 1;
         // A full disk fails every write: say it once, then every thousandth time.
-        if failures == 1 || failures % 1000 == 0 {
+        if failures == 1 || failures.is_multiple_of(1000) {
             tracing::error!("{e} (write failure {failures})");
         }
     };

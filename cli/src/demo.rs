@@ -483,6 +483,8 @@ fn logits_summary(
     for row in 0..rows {
         let (p, r) = (&prod[row * n..(row + 1) * n], &reference[row * n..(row + 1) * n]);
         let m = compare_logits(p, r, LOGITS_TOP_K);
+        // Negated so that a NaN KL (non-finite logits) always counts as the worst.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if worst.is_none_or(|w| !(m.kl <= w.kl)) {
             worst = Some(m);
         }

@@ -15,7 +15,7 @@ use quantshadow_runtime::device::abi::{
     self, KernelBuild, QsGemmDesc, QsMatrixDesc, QsRowSel, QsScaleDesc, QsSelftestParams,
 };
 use quantshadow_runtime::device::cuda::CudaRuntime;
-use quantshadow_runtime::device::gpu::{DeviceBuffer, GpuChecker};
+use quantshadow_runtime::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker};
 use quantshadow_runtime::device::{DeviceError, Stream};
 use quantshadow_runtime::formats::{Format, FormatClass};
 use quantshadow_runtime::metrics::{compare_matrix, MetricSums, Metrics};
@@ -654,9 +654,13 @@ fn gpu_compare(checker: &GpuChecker) -> Vec<Outcome> {
         Ok(i) => i,
         Err(e) => return vec![error_outcome("compare", "inputs", e)],
     };
-    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
-        .expect("oracle");
-    let plants: Vec<(&str, Box<dyn Fn(usize, usize, f64) -> f64>)> = vec![
+    let reference =
+        match reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None }) {
+            Ok(r) => r,
+            Err(e) => return vec![error_outcome("compare", "oracle", e)],
+        };
+    type Plant = Box<dyn Fn(usize, usize, f64) -> f64>;
+    let plants: Vec<(&str, Plant)> = vec![
         ("honest (bf16 rounding only)", Box::new(|_, _, v| v)),
         ("2x magnitude", Box::new(|_, _, v| 2.0 * v)),
         ("row 211 negated", Box::new(|i, _, v| if i == 211 { -v } else { v })),
@@ -678,20 +682,18 @@ fn gpu_compare(checker: &GpuChecker) -> Vec<Outcome> {
             let ref_host: Vec<f64> = reference.values.iter().map(|v| *v as f32 as f64).collect();
             let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
             let d_desc = QsMatrixDesc::new(&problem.d, d_buf.ptr, Transpose::N, m, n, 1);
-            checker
-                .compare(
-                    &d_desc,
-                    m,
-                    n,
-                    QsRowSel::all(m),
-                    &ref_buf,
-                    n,
-                    None,
-                    abi::CHECK_FULL,
-                    (1, 2),
-                    Stream::default(),
-                )
-                .map_err(|e| e.to_string())?;
+            let request = CompareRequest {
+                d: d_desc,
+                m,
+                n,
+                rows: QsRowSel::all(m),
+                reference: ref_buf.ptr,
+                ref_ld: n,
+                logits_topk: None,
+                kind: abi::CHECK_FULL,
+                tag: (1, 2),
+            };
+            checker.compare(&request, Stream::default()).map_err(|e| e.to_string())?;
             let slot = checker.ring.lock().unwrap().poll().ok_or("no result slot arrived")?;
             let device = sketch::slot_metrics(&slot);
             Ok(metrics_agree("compare", name, &device, &host))

@@ -300,7 +300,7 @@ impl Format {
         match self.bits() {
             4 => {
                 let byte = bytes[index / 2];
-                if index % 2 == 0 {
+                if index & 1 == 0 {
                     (byte & 0xF) as u32
                 } else {
                     (byte >> 4) as u32
@@ -322,7 +322,7 @@ impl Format {
         match self.bits() {
             4 => {
                 let byte = &mut bytes[index / 2];
-                if index % 2 == 0 {
+                if index & 1 == 0 {
                     *byte = (*byte & 0xF0) | (code as u8 & 0xF);
                 } else {
                     *byte = (*byte & 0x0F) | ((code as u8 & 0xF) << 4);

@@ -202,7 +202,8 @@ impl Thresholds {
     }
 
     /// Every rule `metrics` breaks for a problem of `class`; empty means PASS.
-    /// Comparisons are written so that a NaN metric always fails.
+    /// Comparisons are negated on purpose so that a NaN metric always fails.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn judge(&self, class: FormatClass, metrics: &Metrics) -> Vec<Violation> {
         let t = self.for_class(class);
         let mut out = Vec::new();
@@ -229,6 +230,7 @@ impl Thresholds {
     }
 
     /// The rule for LM-head logits; None when they pass. NaN KL (non-finite logits) fails.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn judge_logits(&self, class: FormatClass, logits: &LogitsMetrics) -> Option<Violation> {
         let max = self.for_class(class).logits_kl_max;
         (!(logits.kl <= max)).then_some(Violation::LogitsKl { value: logits.kl, max })

@@ -145,6 +145,25 @@ pub struct PreparedLaunch<P: KernelParams> {
     pub params: P,
 }
 
+/// What one compare reads: rows of D and an f32 reference of the same rows.
+#[derive(Debug, Clone, Copy)]
+pub struct CompareRequest {
+    pub d: QsMatrixDesc,
+    /// Rows per batch item and columns of D.
+    pub m: u64,
+    pub n: u64,
+    pub rows: QsRowSel,
+    /// f32 reference: row t at `reference + 4 * t * ref_ld`.
+    pub reference: DevicePtr,
+    pub ref_ld: u64,
+    /// Some(k): an LM head; per-row softmax KL, top-1 and top-k overlap as well.
+    pub logits_topk: Option<u32>,
+    /// abi::CHECK_ROWS or abi::CHECK_FULL (recorded in the slot).
+    pub kind: u32,
+    /// Host-chosen identity written into the slot (site, call).
+    pub tag: (u64, u64),
+}
+
 /// Scratch of one compare (device memory), sized by its geometry.
 pub struct CompareScratch {
     geometry: CompareGeometry,
@@ -276,44 +295,36 @@ impl GpuChecker {
     }
 
     /// A compare of D rows against an f32 reference, resolved once; each launch writes a ring slot.
-    #[allow(clippy::too_many_arguments)]
     pub fn prepare_compare(
         &self,
-        d: &QsMatrixDesc,
-        m: u64,
-        n: u64,
-        rows: QsRowSel,
-        reference: &DeviceBuffer,
-        ref_ld: u64,
-        logits_topk: Option<u32>,
-        kind: u32,
-        tag: (u64, u64),
+        request: &CompareRequest,
         scratch: &CompareScratch,
     ) -> Result<PreparedLaunch<QsCompareParams>, DeviceError> {
-        let d_format = format_of(d.format)?;
+        let r = request;
+        let d_format = format_of(r.d.format)?;
         let build = KernelBuild::compare(d_format).map_err(abi_err)?;
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).desc();
         let params = QsCompareParams {
-            d: *d,
-            rows,
+            d: r.d,
+            rows: r.rows,
             ring,
-            tag: tag.0,
-            tag2: tag.1,
-            m,
-            n,
-            ref_ptr: reference.ptr,
-            ref_ld,
+            tag: r.tag.0,
+            tag2: r.tag.1,
+            m: r.m,
+            n: r.n,
+            ref_ptr: r.reference,
+            ref_ld: r.ref_ld,
             partials_ptr: scratch.partials.ptr,
             rowout_ptr: scratch.rowout.as_ref().map_or(0, |b| b.ptr),
             counter_ptr: scratch.counter.ptr,
             status_ptr: scratch.status.ptr,
             row_stats_ptr: 0,
-            kind: if logits_topk.is_some() { abi::CHECK_LOGITS } else { kind },
-            topk: logits_topk.unwrap_or(0),
+            kind: if r.logits_topk.is_some() { abi::CHECK_LOGITS } else { r.kind },
+            topk: r.logits_topk.unwrap_or(0),
             block_per_row: scratch.geometry.block_per_row as u32,
             reserved: 0,
         };
-        let entry = match logits_topk {
+        let entry = match r.logits_topk {
             Some(_) => format!("qs_compare_logits_{}", d_format.name()),
             None => format!("qs_compare_{}", d_format.name()),
         };
@@ -359,23 +370,9 @@ impl GpuChecker {
 
     /// Compares rows of D with an f32 reference once (scratch allocated here, synchronises):
     /// for the selftest and tools; the shim prepares once and launches per call.
-    #[allow(clippy::too_many_arguments)]
-    pub fn compare(
-        &self,
-        d: &QsMatrixDesc,
-        m: u64,
-        n: u64,
-        rows: QsRowSel,
-        reference: &DeviceBuffer,
-        ref_ld: u64,
-        logits_topk: Option<u32>,
-        kind: u32,
-        tag: (u64, u64),
-        stream: Stream,
-    ) -> Result<(), DeviceError> {
-        let scratch = self.compare_scratch(rows.count, n, logits_topk.is_some())?;
-        let prepared =
-            self.prepare_compare(d, m, n, rows, reference, ref_ld, logits_topk, kind, tag, &scratch)?;
+    pub fn compare(&self, request: &CompareRequest, stream: Stream) -> Result<(), DeviceError> {
+        let scratch = self.compare_scratch(request.rows.count, request.n, request.logits_topk.is_some())?;
+        let prepared = self.prepare_compare(request, &scratch)?;
         self.launch_prepared(&prepared, stream)?;
         self.runtime.synchronize(stream)
     }
