@@ -96,3 +96,31 @@ fn demo_rejects_a_bad_collector_address() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad --collector address"));
 }
+
+#[test]
+fn demo_fails_when_no_collector_receives_the_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nobody-listens.sock");
+    let out = quantshadow()
+        .args(["demo", "--out"])
+        .arg(dir.path().join("out"))
+        .arg("--collector")
+        .arg(format!("unix:{}", socket.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("records were dropped"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn demo_keeps_an_existing_run_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("run.qsr"), b"somebody's run").unwrap();
+    let out = quantshadow().args(["demo", "--out"]).arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(dir.path().join("run.qsr.prev")).unwrap(), b"somebody's run");
+}

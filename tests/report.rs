@@ -402,3 +402,42 @@ fn a_session_cut_off_before_its_closing_record_is_called_out() {
     assert!(md.contains("ended without closing record (crashed or killed?)"), "{md}");
     assert!(md.contains("**Incomplete run**"), "{md}");
 }
+
+#[test]
+fn outputs_never_overwrite_inputs_or_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run.qsr");
+    let demo = Command::new(env!("CARGO_BIN_EXE_quantshadow"))
+        .args(["demo", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(demo.status.success());
+    let before = std::fs::read(&run).unwrap();
+    for extra in [
+        vec!["--out".to_string(), run.display().to_string()],
+        vec!["--json".to_string(), run.display().to_string()],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantshadow"))
+            .arg("report")
+            .arg(&run)
+            .args(&extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("is one of the input run files"));
+    }
+    let same = dir.path().join("same.md");
+    let out = Command::new(env!("CARGO_BIN_EXE_quantshadow"))
+        .arg("report")
+        .arg(&run)
+        .arg("--out")
+        .arg(&same)
+        .arg("--json")
+        .arg(dir.path().join(".").join("same.md"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("are the same file"));
+    assert_eq!(std::fs::read(&run).unwrap(), before, "the run file is untouched");
+}

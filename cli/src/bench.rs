@@ -34,9 +34,9 @@ pub struct Args {
 pub enum Which {
     /// Collector ingest: concurrent clients stream observations over a unix socket.
     Collector {
-        #[arg(long, default_value_t = 8)]
-        clients: usize,
-        #[arg(long, default_value_t = 250_000)]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+        clients: u16,
+        #[arg(long, default_value_t = 250_000, value_parser = clap::value_parser!(u64).range(1..))]
         records_per_client: u64,
         /// Store frames without decoding them (the transport and run file alone).
         #[arg(long)]
@@ -46,13 +46,13 @@ pub enum Which {
     Gpu,
     /// Report generation from a run file of this many observations.
     Report {
-        #[arg(long, default_value_t = 1_000_000)]
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
         records: u64,
         /// Distinct sites per configuration.
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
         sites: u32,
         /// Configurations (session labels).
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
         configurations: u32,
     },
 }
@@ -67,7 +67,7 @@ pub fn main(args: Args) -> ExitCode {
     };
     let result = match args.which {
         Which::Collector { clients, records_per_client, no_validate } => {
-            bench_collector(&scratch.path, clients, records_per_client, !no_validate)
+            bench_collector(&scratch.path, clients as usize, records_per_client, !no_validate)
         }
         // Printed as it goes; nothing more to print at the end.
         Which::Gpu => crate::bench_gpu::run().map(|_| String::new()),

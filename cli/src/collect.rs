@@ -41,14 +41,14 @@ pub struct Args {
     #[arg(long)]
     pub quiet: bool,
     /// Connections served at once; further ones are refused
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    pub max_clients: usize,
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_clients: u32,
 }
 
 pub fn main(args: Args) -> ExitCode {
     let listen = args.listen.clone().unwrap_or_else(default_address);
     install_signal_handlers();
-    let options = CollectOptions { max_clients: args.max_clients.max(1), ..CollectOptions::default() };
+    let options = CollectOptions { max_clients: args.max_clients as usize, ..CollectOptions::default() };
     let collector = match Collector::start_with(&listen, &args.out, options) {
         Ok(c) => c,
         Err(e) => {
@@ -328,7 +328,16 @@ impl Collector {
                 recovery.bytes_truncated,
                 recovery.records_intact
             );
-        } else if recovery.records_intact > 0 {
+        }
+        for region in &recovery.damaged {
+            tracing::warn!(
+                "{}: damaged data at byte {} ({}); left in place, readers skip it and the records after it are kept",
+                out.display(),
+                region.offset,
+                region.reason
+            );
+        }
+        if recovery.torn_tail.is_none() && recovery.records_intact > 0 {
             tracing::info!("{}: appending after {} existing records", out.display(), recovery.records_intact);
         }
         let (listener, local, socket_file) = bind(listen)?;
@@ -509,6 +518,11 @@ fn bind(listen: &Address) -> Result<Bound, CollectError> {
             let listener = TcpListener::bind((host.as_str(), *port)).map_err(listen_err)?;
             let local = listener.local_addr().map_err(listen_err)?;
             listener.set_nonblocking(true).map_err(listen_err)?;
+            if !local.ip().is_loopback() {
+                // The collector has no authentication: anyone who can reach the port can add
+                // records to the run (and so to the report).
+                tracing::warn!("listening on {local}, which is not a loopback address: any host that can reach it can send records");
+            }
             let local = Address::Tcp { host: local.ip().to_string(), port: local.port() };
             Ok((Listener::Tcp(listener), local, None))
         }

@@ -24,7 +24,7 @@ use quantshadow_runtime::record::{
     SessionRecord,
 };
 use quantshadow_runtime::rng::{hash3, mix64};
-use quantshadow_runtime::transport::{Address, Client, ClientOptions};
+use quantshadow_runtime::transport::{Address, Client, ClientOptions, ClientStats};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -193,6 +193,10 @@ pub enum DemoError {
     Gemm { label: String, site: String, message: String },
     #[error("report: {0}")]
     Report(String),
+    #[error(
+        "{dropped} records were dropped and {sent} delivered to {address}: is a collector listening there?"
+    )]
+    Delivery { sent: u64, dropped: u64, address: String },
 }
 
 pub fn main(args: Args) -> ExitCode {
@@ -203,7 +207,13 @@ pub fn main(args: Args) -> ExitCode {
         }
         Err(e) => {
             eprintln!("quantshadow demo: error: {e}");
-            ExitCode::from(crate::exit::BAD_INPUT)
+            // Records that did not arrive are a failed run, not a usage error.
+            let code = if matches!(e, DemoError::Delivery { .. }) {
+                crate::exit::FAILED
+            } else {
+                crate::exit::BAD_INPUT
+            };
+            ExitCode::from(code)
         }
     }
 }
@@ -229,7 +239,14 @@ pub fn run(args: &Args) -> Result<DemoOutcome, DemoError> {
 
     // A private collector on a unix socket next to the outputs, unless one was given.
     let run_file = args.out.join("run.qsr");
-    let _ = std::fs::remove_file(&run_file);
+    // A run file already there (a previous demo, or anything else) is kept as run.qsr.prev
+    // rather than deleted: the demo never destroys a run.
+    if run_file.exists() {
+        let previous = args.out.join("run.qsr.prev");
+        std::fs::rename(&run_file, &previous)
+            .map_err(|source| DemoError::Io { path: run_file.display().to_string(), source })?;
+        eprintln!("quantshadow demo: kept the existing {} as {}", run_file.display(), previous.display());
+    }
     let (collector, address) = match &external {
         Some(address) => (None, address.clone()),
         None => {
@@ -245,7 +262,7 @@ pub fn run(args: &Args) -> Result<DemoOutcome, DemoError> {
     let sites = model_sites();
     let started = std::time::Instant::now();
     // Each configuration is its own "process"; they run side by side like canary replicas.
-    let results: Vec<Result<(), DemoError>> = std::thread::scope(|scope| {
+    let results: Vec<Result<ClientStats, DemoError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = CONFIGURATIONS
             .iter()
             .map(|config| {
@@ -255,8 +272,14 @@ pub fn run(args: &Args) -> Result<DemoOutcome, DemoError> {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
     });
-    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    let delivery = results.into_iter().collect::<Result<Vec<ClientStats>, _>>()?;
     let elapsed = started.elapsed();
+    let (sent, dropped): (u64, u64) =
+        delivery.iter().fold((0, 0), |(s, d), st| (s + st.sent, d + st.dropped));
+    if dropped > 0 || sent == 0 {
+        // Never claim success for records that did not arrive (no collector, or a slow one).
+        return Err(DemoError::Delivery { sent, dropped, address: address.to_string() });
+    }
 
     let Some(collector) = collector else {
         return Ok(DemoOutcome {
@@ -358,7 +381,7 @@ fn run_configuration(
     sites: &[Site],
     address: &Address,
     seed: u64,
-) -> Result<(), DemoError> {
+) -> Result<ClientStats, DemoError> {
     let session_id = mix64(seed ^ hash3(0x5e55, config.label.len() as u64, fnv(config.label)));
     let session = SessionRecord {
         session_id,
@@ -465,10 +488,7 @@ fn run_configuration(
         },
         Duration::from_secs(10),
     );
-    if stats.dropped > 0 {
-        tracing::warn!(label = config.label, dropped = stats.dropped, "records were dropped");
-    }
-    Ok(())
+    Ok(stats)
 }
 
 /// Logits metrics of the LM head: the row with the largest KL, and the top-k of the first rows.

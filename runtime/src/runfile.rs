@@ -66,6 +66,8 @@ pub struct RunContents {
     /// Record payloads in file order, CRC-checked but not decoded.
     pub payloads: Vec<Vec<u8>>,
     pub torn_tail: Option<TornTail>,
+    /// Damaged regions skipped in the middle of the file.
+    pub damaged: Vec<TornTail>,
 }
 
 /// Reads a whole run file into memory. For large files prefer [`RunReader`].
@@ -75,7 +77,11 @@ pub fn read_run_file(path: &Path) -> Result<RunContents, RunFileError> {
     for payload in &mut reader {
         payloads.push(payload?);
     }
-    Ok(RunContents { payloads, torn_tail: reader.torn_tail().cloned() })
+    Ok(RunContents {
+        payloads,
+        torn_tail: reader.torn_tail().cloned(),
+        damaged: reader.damaged_regions().to_vec(),
+    })
 }
 
 fn header_bytes() -> [u8; HEADER_LEN as usize] {
@@ -101,6 +107,23 @@ fn check_header(h: &[u8; HEADER_LEN as usize], path: &str) -> Result<(), RunFile
     Ok(())
 }
 
+/// How far past a damaged frame the reader looks for the next valid one.
+pub const MAX_RESYNC_BYTES: u64 = 256 << 20;
+
+/// Position of the first complete, CRC-valid frame in `data` (a frame header then payload).
+/// A false match needs a plausible length and a 32-bit CRC collision: about 2^-32 per position.
+fn next_valid_frame(data: &[u8]) -> Option<usize> {
+    let header = FRAME_HEADER_LEN;
+    (0..data.len().saturating_sub(header)).find(|&p| {
+        let len = u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]]);
+        if len == 0 || len > MAX_PAYLOAD_BYTES || p + header + len as usize > data.len() {
+            return false;
+        }
+        let crc = u32::from_le_bytes([data[p + 4], data[p + 5], data[p + 6], data[p + 7]]);
+        crc32fast::hash(&data[p + header..p + header + len as usize]) == crc
+    })
+}
+
 /// Reads until `buf` is full or EOF; returns the number of bytes read. Unlike `read_exact`,
 /// a short read at EOF is an answer (how much of a frame exists), not an error.
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -120,6 +143,10 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// which [`RunReader::torn_tail`] then describes. Memory use is one payload at a time.
 pub struct RunReader<R = BufReader<File>> {
     inner: R,
+    /// Bytes read ahead while resynchronising after a damaged frame; consumed before `inner`.
+    pending: Option<std::io::Cursor<Vec<u8>>>,
+    /// Damaged regions skipped in the middle of the file (each followed by good frames).
+    damaged: Vec<TornTail>,
     path: String,
     /// End of the last good frame.
     offset: u64,
@@ -147,7 +174,16 @@ impl<R: Read> RunReader<R> {
             return Err(RunFileError::NotARunFile { path });
         }
         check_header(&h, &path)?;
-        Ok(RunReader { inner, path, offset: HEADER_LEN, records: 0, torn: None, done: false })
+        Ok(RunReader {
+            inner,
+            pending: None,
+            damaged: Vec::new(),
+            path,
+            offset: HEADER_LEN,
+            records: 0,
+            torn: None,
+            done: false,
+        })
     }
 
     /// Reads the next payload into `buf` (replacing its contents, reusing its allocation).
@@ -158,7 +194,7 @@ impl<R: Read> RunReader<R> {
         }
         let io_err = |path: &str, source| RunFileError::Io { path: path.to_string(), source };
         let mut fh = [0u8; FRAME_HEADER_LEN];
-        let got = match read_full(&mut self.inner, &mut fh) {
+        let got = match self.fill(&mut fh) {
             Ok(n) => n,
             Err(e) => {
                 self.done = true;
@@ -177,14 +213,15 @@ impl<R: Read> RunReader<R> {
         if len == 0 {
             // Zero-filled blocks (a file system that extended the file before writing the data)
             // would otherwise parse as endless empty frames with CRC 0.
-            return self.tear("zero-length frame".to_string());
+            return self.damaged_frame(&fh, &[], "zero-length frame".to_string(), buf);
         }
         if len > MAX_PAYLOAD_BYTES {
-            return self.tear(format!("frame length {len} exceeds the maximum {MAX_PAYLOAD_BYTES}"));
+            let reason = format!("frame length {len} exceeds the maximum {MAX_PAYLOAD_BYTES}");
+            return self.damaged_frame(&fh, &[], reason, buf);
         }
         buf.clear();
         buf.resize(len as usize, 0);
-        let got = match read_full(&mut self.inner, buf) {
+        let got = match self.fill(buf) {
             Ok(n) => n,
             Err(e) => {
                 self.done = true;
@@ -198,8 +235,9 @@ impl<R: Read> RunReader<R> {
         }
         let computed = crc32fast::hash(buf);
         if computed != crc {
-            buf.clear();
-            return self.tear(format!("CRC mismatch (stored {crc:08x}, computed {computed:08x})"));
+            let payload = std::mem::take(buf);
+            let reason = format!("CRC mismatch (stored {crc:08x}, computed {computed:08x})");
+            return self.damaged_frame(&fh, &payload, reason, buf);
         }
         self.offset += FRAME_HEADER_LEN as u64 + len as u64;
         self.records += 1;
@@ -210,6 +248,64 @@ impl<R: Read> RunReader<R> {
         self.done = true;
         self.torn = Some(TornTail { offset: self.offset, reason });
         Ok(false)
+    }
+
+    /// Reads from the resync buffer first, then from the file.
+    fn fill(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut got = 0;
+        if let Some(pending) = &mut self.pending {
+            got = read_full(pending, buf)?;
+            if got < buf.len() {
+                self.pending = None;
+            }
+        }
+        Ok(got + read_full(&mut self.inner, &mut buf[got..])?)
+    }
+
+    /// A damaged frame at `self.offset` (its header `fh` and the payload bytes read, if any):
+    /// when a valid frame follows within [`MAX_RESYNC_BYTES`], the damaged bytes are recorded as
+    /// a damaged region and reading goes on from there, so damage in the middle of a file
+    /// loses only the damaged frames; otherwise it is a torn tail.
+    fn damaged_frame(
+        &mut self,
+        fh: &[u8],
+        payload: &[u8],
+        reason: String,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool, RunFileError> {
+        let mut data = Vec::with_capacity(fh.len() + payload.len());
+        data.extend_from_slice(&fh[1..]);
+        data.extend_from_slice(payload);
+        let mut rest = Vec::new();
+        let limit = MAX_RESYNC_BYTES.saturating_sub(data.len() as u64);
+        if let Err(e) =
+            (&mut self.pending).take().map_or(Ok(0), |mut p| p.read_to_end(&mut rest)).and_then(|_| {
+                (&mut self.inner).take(limit.saturating_sub(rest.len() as u64)).read_to_end(&mut rest)
+            })
+        {
+            self.done = true;
+            return Err(RunFileError::Io { path: self.path.clone(), source: e });
+        }
+        data.extend_from_slice(&rest);
+        match next_valid_frame(&data) {
+            Some(position) => {
+                let skipped = 1 + position as u64;
+                self.damaged.push(TornTail {
+                    offset: self.offset,
+                    reason: format!("{reason}; {skipped} bytes skipped"),
+                });
+                self.offset += skipped;
+                data.drain(..position);
+                self.pending = Some(std::io::Cursor::new(data));
+                self.read_into(buf)
+            }
+            None => self.tear(reason),
+        }
+    }
+
+    /// Damaged regions skipped in the middle of the file (good frames follow each).
+    pub fn damaged_regions(&self) -> &[TornTail] {
+        &self.damaged
     }
 
     /// Set once reading stopped at a damaged frame.
@@ -250,6 +346,8 @@ pub struct Recovery {
     pub torn_tail: Option<TornTail>,
     /// Bytes removed with the torn tail.
     pub bytes_truncated: u64,
+    /// Damaged regions in the middle of the file, left in place and skipped by readers.
+    pub damaged: Vec<TornTail>,
 }
 
 /// When buffered frames are written to the file. A writer killed with kill -9 loses at most
@@ -382,6 +480,9 @@ impl RunWriter {
             while reader.read_into(&mut scratch)? {}
             recovery.records_intact = reader.records();
             recovery.torn_tail = reader.torn_tail().cloned();
+            // Damage in the middle stays where it is (good frames follow it and readers skip
+            // it); only a torn tail is cut.
+            recovery.damaged = reader.damaged_regions().to_vec();
             let end = reader.offset();
             drop(reader);
             if end < len {

@@ -513,7 +513,8 @@ impl Client {
     pub fn close(&self, final_payload: impl FnOnce(u64) -> Vec<u8>, deadline: Duration) -> ClientStats {
         let s = &*self.shared;
         let t0 = Instant::now();
-        let end = t0 + deadline;
+        // A deadline too far to represent (Duration::MAX) means "a day": never a panic here.
+        let end = t0.checked_add(deadline).unwrap_or_else(|| t0 + Duration::from_secs(86_400));
         // Only the first call closes; a concurrent or later one just reports.
         if s.closing.swap(true, Ordering::AcqRel) || s.phase.load(Ordering::Acquire) != PHASE_RUN {
             return self.stats();

@@ -146,29 +146,63 @@ fn corrupt(path: &Path, at: u64, xor: u8) {
 }
 
 #[test]
-fn crc_mismatch_stops_reading_at_the_damaged_frame() {
+fn damage_in_the_middle_loses_only_the_damaged_frame() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.qsr");
     let payloads: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 100)).collect();
     let starts = frame_starts(&payloads);
-    // A flipped payload byte, then a flipped CRC byte.
-    for at in [starts[2] + FRAME_HEADER_LEN as u64 + 1, starts[2] + 5] {
+    // A flipped payload byte, then a flipped CRC byte, then an absurd length: each damages
+    // frame 2 only; frames 3 and 4 are good and must be kept by readers and by recovery.
+    for at in [starts[2] + FRAME_HEADER_LEN as u64 + 1, starts[2] + 5, starts[2] + 3] {
         write_run(&path, &payloads);
         corrupt(&path, at, 0x40);
         let c = read_run_file(&path).unwrap();
-        assert_eq!(c.payloads[..], payloads[..2]);
-        let t = c.torn_tail.expect("torn tail");
-        assert_eq!(t.offset, starts[2]);
-        assert!(t.reason.contains("CRC mismatch"), "{}", t.reason);
-        // Recovery drops the damaged frame and everything after it: frames after a damaged
-        // one cannot be trusted to be frames at all.
-        let (w, rec) = RunWriter::open_append(&path).unwrap();
-        assert_eq!(rec.records_intact, 2);
-        assert_eq!(rec.bytes_truncated, starts[5] - starts[2]);
+        let mut expect = payloads[..2].to_vec();
+        expect.extend_from_slice(&payloads[3..]);
+        assert_eq!(c.payloads, expect, "damage at {at}");
+        assert!(c.torn_tail.is_none());
+        assert_eq!(c.damaged.len(), 1);
+        assert_eq!(c.damaged[0].offset, starts[2]);
+        assert!(
+            c.damaged[0].reason.contains(&format!("{} bytes skipped", starts[3] - starts[2])),
+            "{}",
+            c.damaged[0].reason
+        );
+        // Recovery keeps everything (the damaged bytes stay; readers skip them) and appends.
+        let len_before = std::fs::metadata(&path).unwrap().len();
+        let (mut w, rec) = RunWriter::open_append(&path).unwrap();
+        assert_eq!(rec.records_intact, 4);
+        assert_eq!(rec.bytes_truncated, 0);
+        assert_eq!(rec.damaged.len(), 1);
+        w.append(b"after recovery").unwrap();
+        w.flush().unwrap();
         drop(w);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), starts[2]);
+        assert!(std::fs::metadata(&path).unwrap().len() > len_before);
+        let again = read_run_file(&path).unwrap();
+        assert_eq!(again.payloads.len(), 5);
+        assert_eq!(again.payloads[4], b"after recovery");
         std::fs::remove_file(&path).unwrap();
     }
+}
+
+#[test]
+fn damage_in_the_last_frame_is_a_torn_tail_and_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.qsr");
+    let payloads: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 100)).collect();
+    let starts = frame_starts(&payloads);
+    write_run(&path, &payloads);
+    corrupt(&path, starts[4] + FRAME_HEADER_LEN as u64 + 1, 0x40);
+    let c = read_run_file(&path).unwrap();
+    assert_eq!(c.payloads[..], payloads[..4]);
+    let t = c.torn_tail.expect("torn tail");
+    assert_eq!(t.offset, starts[4]);
+    assert!(t.reason.contains("CRC mismatch"), "{}", t.reason);
+    let (w, rec) = RunWriter::open_append(&path).unwrap();
+    assert_eq!(rec.records_intact, 4);
+    assert_eq!(rec.bytes_truncated, starts[5] - starts[4]);
+    drop(w);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), starts[4]);
 }
 
 #[test]

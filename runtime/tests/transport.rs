@@ -567,3 +567,14 @@ fn a_collector_that_goes_away_falls_back_to_the_spool() {
     assert_eq!(c.payloads.len() as u64, s.spooled + 1);
     assert_eq!(s.sent + s.spooled + s.dropped, i as u64 + 1, "{s:?}");
 }
+
+#[test]
+fn close_with_an_unrepresentable_deadline_does_not_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::start(Address::Unix(dir.path().join("absent.sock")), ClientOptions::default());
+    assert!(client.send(b"record".to_vec()));
+    let started = std::time::Instant::now();
+    let stats = client.close(|_| b"closing".to_vec(), Duration::MAX);
+    assert!(started.elapsed() < Duration::from_secs(30), "close returned");
+    assert!(stats.dropped >= 1, "undeliverable records are counted: {stats:?}");
+}

@@ -19,6 +19,8 @@ pub struct RunSource {
     /// Records decoded and reported.
     pub records: u64,
     pub torn_tail: Option<TornTailInfo>,
+    /// Damaged regions in the middle of the file: skipped, the records after them are read.
+    pub damaged: Vec<TornTailInfo>,
     /// Intact payloads that did not decode; they are not in the report.
     pub undecodable: u64,
     pub first_undecodable: Option<String>,
@@ -48,6 +50,13 @@ impl RunSource {
                 self.path, torn.offset, torn.reason, self.records
             ));
         }
+        for region in &self.damaged {
+            out.push(format!(
+                "{}: damaged data at byte {} ({}): the records in it are lost and not in this report; \
+                 reading went on after it",
+                self.path, region.offset, region.reason
+            ));
+        }
         if self.undecodable > 0 {
             out.push(format!(
                 "{}: {} records could not be decoded and are not in this report (first: {})",
@@ -74,6 +83,7 @@ impl LoadedRun {
             path: path.to_string(),
             records: records.len() as u64,
             torn_tail: None,
+            damaged: Vec::new(),
             undecodable: 0,
             first_undecodable: None,
         };
@@ -124,7 +134,9 @@ pub fn stream_run_file(path: &Path, mut on_record: impl FnMut(Record)) -> Result
     while reader.read_into(&mut payload)? {
         decoder.push(&payload, &mut on_record)?;
     }
-    decoder.finish(reader.torn_tail().cloned())
+    let mut source = decoder.finish(reader.torn_tail().cloned())?;
+    source.damaged = reader.damaged_regions().iter().cloned().map(TornTailInfo::from).collect();
+    Ok(source)
 }
 
 /// Decodes the payloads of one run file held in memory (see the module doc for what is fatal).
@@ -150,7 +162,14 @@ struct PayloadDecoder {
 impl PayloadDecoder {
     fn new(path: String) -> PayloadDecoder {
         PayloadDecoder {
-            source: RunSource { path, records: 0, torn_tail: None, undecodable: 0, first_undecodable: None },
+            source: RunSource {
+                path,
+                records: 0,
+                torn_tail: None,
+                damaged: Vec::new(),
+                undecodable: 0,
+                first_undecodable: None,
+            },
             index: 0,
         }
     }

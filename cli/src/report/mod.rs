@@ -92,6 +92,8 @@ pub enum ReportError {
     Load(#[from] LoadError),
     #[error("cannot write {path}: {source}")]
     Write { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Usage(String),
     #[error("{path} is given more than once: its records would be counted twice")]
     DuplicateFile { path: String },
 }
@@ -111,6 +113,7 @@ pub fn main(args: Args) -> ExitCode {
 
 /// Loads, judges, writes every requested output and says on stderr what happened.
 pub fn run(args: &Args) -> Result<Report, ReportError> {
+    check_outputs_do_not_clobber(args)?;
     // Thresholds first: a typo in them must fail before minutes spent reading large files.
     let thresholds = match &args.thresholds {
         Some(path) => Thresholds::from_file(path)?,
@@ -144,6 +147,48 @@ pub fn run(args: &Args) -> Result<Report, ReportError> {
     }
     eprintln!("quantshadow report: {}", verdict_line(&report));
     Ok(report)
+}
+
+/// Where a path will point once written: canonical when it exists, else its canonical parent
+/// joined with its name (so `./x.md` and `x.md` compare equal).
+fn resolved(path: &Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match (std::fs::canonicalize(parent), path.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Refuses outputs that would overwrite an input run file or each other: a report must never
+/// destroy the data it reports on.
+fn check_outputs_do_not_clobber(args: &Args) -> Result<(), ReportError> {
+    let inputs: Vec<PathBuf> = args.files.iter().map(|f| resolved(f)).collect();
+    let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(out) = &args.out {
+        outputs.push(("--out", resolved(out)));
+        outputs.push(("the heatmap next to --out", resolved(&heatmap_path_for(out))));
+    }
+    if let Some(json) = &args.json {
+        outputs.push(("--json", resolved(json)));
+    }
+    for (i, (what, path)) in outputs.iter().enumerate() {
+        if inputs.contains(path) {
+            return Err(ReportError::Usage(format!(
+                "{what} ({}) is one of the input run files",
+                path.display()
+            )));
+        }
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, p)| p == path) {
+            return Err(ReportError::Usage(format!(
+                "{what} and {other} are the same file ({})",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `report.md` -> `report.heatmap.svg`, in the same directory.
