@@ -919,7 +919,21 @@ impl Sender {
     fn open_sink(&mut self) -> Result<Sink, String> {
         let conn = match &self.address {
             Address::File(path) => {
-                let (mut w, _recovery) = RunWriter::open_append(path).map_err(|e| e.to_string())?;
+                // Several processes (ranks, workers) given the same file: the first holds it,
+                // the others write PATH.<pid> next to it (the report takes several files)
+                // rather than dropping everything they have.
+                let (mut w, _recovery) = match RunWriter::open_append(path) {
+                    Err(crate::runfile::RunFileError::Locked { .. }) => {
+                        let own = per_process_path(path);
+                        tracing::warn!(
+                            "{} is held by another process; this process writes {}",
+                            path.display(),
+                            own.display()
+                        );
+                        RunWriter::open_append(&own).map_err(|e| e.to_string())?
+                    }
+                    other => other.map_err(|e| e.to_string())?,
+                };
                 if let Some(p) = &self.opts.preamble {
                     w.append(p).map_err(|e| e.to_string())?;
                 }
@@ -1022,4 +1036,11 @@ impl Sender {
             }
         }
     }
+}
+
+/// `run.qsr` -> `run.qsr.<pid>`: this process's own file when the shared one is taken.
+pub fn per_process_path(path: &std::path::Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(format!(".{}", std::process::id()));
+    PathBuf::from(name)
 }

@@ -578,3 +578,31 @@ fn close_with_an_unrepresentable_deadline_does_not_panic() {
     assert!(started.elapsed() < Duration::from_secs(30), "close returned");
     assert!(stats.dropped >= 1, "undeliverable records are counted: {stats:?}");
 }
+
+#[test]
+fn a_file_address_held_by_another_writer_goes_to_a_per_process_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared.qsr");
+    let first = Client::start(Address::File(shared.clone()), ClientOptions::default());
+    assert!(first.send(b"from the first".to_vec()));
+    // Let the first sender open (and lock) the file before the second starts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !shared.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let second = Client::start(Address::File(shared.clone()), ClientOptions::default());
+    assert!(second.send(b"from the second".to_vec()));
+    let s2 = second.close(|_| b"second closing".to_vec(), Duration::from_secs(5));
+    let s1 = first.close(|_| b"first closing".to_vec(), Duration::from_secs(5));
+    assert_eq!((s1.dropped, s2.dropped), (0, 0), "{s1:?} {s2:?}");
+    let own = quantshadow_runtime::transport::per_process_path(&shared);
+    assert_eq!(
+        read_run_file(&shared).unwrap().payloads,
+        vec![b"from the first".to_vec(), b"first closing".to_vec()]
+    );
+    assert_eq!(
+        read_run_file(&own).unwrap().payloads,
+        vec![b"from the second".to_vec(), b"second closing".to_vec()]
+    );
+}

@@ -723,7 +723,7 @@ fn configuration_warnings(
     let injected: u64 = sites.iter().map(|s| s.injected_calls).sum();
     if injected > 0 {
         warnings.push(format!(
-            "{injected} calls carry a fault injected on purpose (QUANTSHADOW_INJECT): their failures \
+            "{injected} calls carry a fault injected on purpose (fault injection or a planted test fault): their failures \
              are expected"
         ));
     }

@@ -145,6 +145,13 @@ pub fn run(args: &Args) -> Result<Report, ReportError> {
         write_file(json, &render_json(&report))?;
         eprintln!("quantshadow report: wrote {}", json.display());
     }
+    // Per-configuration warnings (sessions that ended without a closing record, dropped
+    // records, injected faults) go to stderr too, where CI logs show them.
+    for config in &report.configurations {
+        for warning in &config.warnings {
+            eprintln!("quantshadow report: warning: {}: {warning}", config.label);
+        }
+    }
     eprintln!("quantshadow report: {}", verdict_line(&report));
     Ok(report)
 }
