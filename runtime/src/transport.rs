@@ -351,6 +351,10 @@ struct Shared {
     spooled: AtomicU64,
     dropped: AtomicU64,
     reconnects: AtomicU64,
+    /// Records the sender holds in its write buffer, not yet counted as sent or dropped.
+    /// Whoever takes them (swap to 0) counts them: the sender when a write ends, or a `close`
+    /// that gives up on a stuck sender, so none is counted twice or never.
+    in_flight: AtomicU64,
     /// The sender is (about to be) parked and wants an unpark on the next push.
     sleeping: AtomicBool,
     sender: OnceLock<Thread>,
@@ -431,6 +435,7 @@ impl Client {
             spooled: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
             sender: OnceLock::new(),
             final_payload: Mutex::new(None),
@@ -550,6 +555,9 @@ impl Client {
             s.phase.store(PHASE_ABANDON, Ordering::Release);
             s.wake_sender();
             s.drop_queued();
+            // Records stuck in the sender's write buffer: counted here, so the stats returned
+            // now are complete (the sender finds nothing left to count).
+            s.dropped.fetch_add(s.in_flight.swap(0, Ordering::AcqRel), Ordering::Relaxed);
         }
         // Not taken: no sender thread, or it never got to it.
         if s.final_payload.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
@@ -790,6 +798,7 @@ impl Sender {
                 // Size was checked by `send`.
                 let _ = push_frame(&mut self.out, payload);
                 self.out_records += 1;
+                self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
                 if self.out.len() >= SOCKET_CHUNK {
                     self.write_out();
                 }
@@ -855,12 +864,14 @@ impl Sender {
         } else {
             conn.send_all(&self.out, deadline)
         };
+        // Zero when a `close` that gave up already counted these as dropped.
+        let records = self.shared.in_flight.swap(0, Ordering::AcqRel);
         match result {
             Ok(()) => {
-                self.shared.sent.fetch_add(self.out_records, Ordering::Relaxed);
+                self.shared.sent.fetch_add(records, Ordering::Relaxed);
             }
             Err(e) => {
-                self.shared.dropped.fetch_add(self.out_records, Ordering::Relaxed);
+                self.shared.dropped.fetch_add(records, Ordering::Relaxed);
                 self.note_error(format!("lost the collector at {}: {e}", self.address));
                 self.sink = Sink::None;
                 // A connection that worked may come back at once (collector restart).
@@ -958,9 +969,12 @@ impl Sender {
             }
         };
         conn.set_write_timeout(WRITE_SLICE).map_err(|e| e.to_string())?;
-        // Anything gathered for a previous connection was already counted as dropped.
+        // Anything gathered for a previous connection was counted when its write failed; a
+        // remainder, if any, is counted as dropped here rather than forgotten.
         self.out.clear();
         self.out_records = 0;
+        let stale = self.shared.in_flight.swap(0, Ordering::AcqRel);
+        self.shared.dropped.fetch_add(stale, Ordering::Relaxed);
         if let Some(p) = &self.opts.preamble {
             push_frame(&mut self.out, p).map_err(|e| format!("preamble: {e}"))?;
         }
@@ -1018,7 +1032,8 @@ impl Sender {
 
     fn dropped_unsent(&mut self) {
         if self.out_records > 0 {
-            self.shared.dropped.fetch_add(self.out_records, Ordering::Relaxed);
+            let records = self.shared.in_flight.swap(0, Ordering::AcqRel);
+            self.shared.dropped.fetch_add(records, Ordering::Relaxed);
             self.out.clear();
             self.out_records = 0;
         }

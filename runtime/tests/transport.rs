@@ -606,3 +606,28 @@ fn a_file_address_held_by_another_writer_goes_to_a_per_process_file() {
         vec![b"from the second".to_vec(), b"second closing".to_vec()]
     );
 }
+
+#[test]
+fn close_against_a_stuck_collector_accounts_for_every_record() {
+    // A collector that accepts and never reads: the socket buffer fills, the sender blocks in a
+    // write, and close gives up at its deadline. Every record must be counted as sent or
+    // dropped in the stats close returns, including those stuck in the sender's buffer.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stuck.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let holder = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        drop(stream);
+    });
+    let client = Client::start(Address::Unix(path), ClientOptions::default());
+    // Sends refused because the queue was full count as dropped at once.
+    for i in 0..200_000u64 {
+        client.send(i.to_le_bytes().repeat(8));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = client.close(|_| b"closing".to_vec(), Duration::from_millis(300));
+    assert_eq!(stats.queued, 0, "{stats:?}");
+    assert_eq!(stats.sent + stats.dropped, 200_000 + 1, "every record and the closing one: {stats:?}");
+    holder.join().unwrap();
+}
