@@ -98,9 +98,11 @@ struct QsTileLoader {
         kcontig = kstride == 1;
         const qs_u64 align_bytes = (qs_u64)BITS / 2;  // 4 elements
         sc_shared = SCALED && scd.ptr && (kcontig ? scd.block_inner % 4 == 0 : scd.block_outer % 4 == 0);
-        // The fast path holds one scale per group of 4: unscaled operands or shared scales only.
+        // The fast path holds one scale for the group of 4 (shared scales), or, when the group runs
+        // along the outer dimension (one k), the 4 per-element scales, fetched once per scale
+        // block: per-channel scales of a row-major B stay on the vector path.
         vec = interior && mat.ld % 4 == 0 && mat.batch_stride % 4 == 0 && mat.ptr % align_bytes == 0 &&
-              (kcontig || !gathered) && (!scd.ptr || sc_shared);
+              (kcontig || !gathered) && (!scd.ptr || sc_shared || !kcontig);
         vbase = vec ? off_tab[o_of(0)] + (kcontig ? (qs_u64)k_of(0) : 0) : 0;
         sbase = sc_shared ? sc_tab[o_of(0)] : 0;
         sc_ib = ~0ull;
@@ -144,12 +146,20 @@ struct QsTileLoader {
                 const qs_u64 ib = qs_fastdiv(k0 + (qs_u64)k_of(0), bi);
                 if (ib != sc_ib) {
                     sc_ib = ib;
-                    const qs_u64 e = sbase + qs_scale_inner_part(scd.storage, scd.ld, ib);
-                    if (e < scd.extent) {
-                        s_shared = qs_decode_scale(scd.format, qs_load_code_rt(scd.format, (const qs_u8*)scd.ptr, e));
+                    if (sc_shared) {
+                        const qs_u64 e = sbase + qs_scale_inner_part(scd.storage, scd.ld, ib);
+                        if (e < scd.extent) {
+                            s_shared =
+                                qs_decode_scale(scd.format, qs_load_code_rt(scd.format, (const qs_u8*)scd.ptr, e));
+                        } else {
+                            s_shared = 0.0f;
+                            qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+                        }
                     } else {
-                        s_shared = 0.0f;
-                        qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+                        // Outer-contiguous group (one k): one scale per element.
+                        const qs_u64 inner = qs_scale_inner_part(scd.storage, scd.ld, ib);
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) fetch_scale(q, sc_tab[o_of(q)] + inner, scd, st);
                     }
                 }
             }
@@ -197,13 +207,13 @@ struct QsTileLoader {
         put(tile, v);
     }
 
-    // After fetch_vec: every element real, one scale for the group.
+    // After fetch_vec: every element real; one scale for the group, or one per element.
     QS_DEVICE void store_vec(float* tile, const QsScaleDesc& scd, const float* lut) const {
         float v[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             v[q] = qs_tile_decode<FMT>(code(q), lut);
-            if (SCALED && scd.ptr) v[q] *= s_shared;
+            if (SCALED && scd.ptr) v[q] *= sc_shared ? s_shared : sval[q];
         }
         put(tile, v);
     }
