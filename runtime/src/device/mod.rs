@@ -18,6 +18,7 @@ pub mod abi;
 pub mod cuda;
 pub mod gpu;
 pub mod hip;
+pub mod pool;
 pub mod registry;
 
 /// Which vendor runtime a device belongs to.
