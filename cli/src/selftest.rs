@@ -143,75 +143,57 @@ struct Case {
 
 fn scheme_problem(scheme: &str, m: u64, n: u64, k: u64) -> GemmProblem {
     use Format::*;
-    let f32s = |g| Some(ScaleSpec::new(g, F32));
-    let mut p;
-    match scheme {
-        "bf16" => p = GemmProblem::row_major(m, n, k, Bf16, Bf16, Bf16),
-        "f16" => p = GemmProblem::row_major(m, n, k, F16, F16, F16),
-        "f32" => p = GemmProblem::row_major(m, n, k, F32, F32, F32),
+    let spec = |g, f| Some(ScaleSpec::new(g, f));
+    let swizzled = |g, f| Some(ScaleSpec::new(g, f).with_storage(ScaleStorage::Swizzled128x4));
+    let block = |outer, inner| ScaleGranularity::Block { outer, inner };
+    // (A, B, A scale, B scale); D is bf16 except for the unscaled wide formats.
+    let (a, b, a_scale, b_scale) = match scheme {
+        "bf16" | "f16" | "f32" => {
+            let f = Format::from_name(scheme).expect("a format name");
+            return GemmProblem::row_major(m, n, k, f, f, f);
+        }
         "fp8-tensor" => {
-            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
-            p.a_scale = f32s(ScaleGranularity::Tensor);
-            p.b_scale = f32s(ScaleGranularity::Tensor);
+            (E4m3fn, E4m3fn, spec(ScaleGranularity::Tensor, F32), spec(ScaleGranularity::Tensor, F32))
         }
         "fp8-rowwise" => {
-            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
-            p.a_scale = f32s(ScaleGranularity::PerOuter);
-            p.b_scale = f32s(ScaleGranularity::PerOuter);
+            (E4m3fn, E4m3fn, spec(ScaleGranularity::PerOuter, F32), spec(ScaleGranularity::PerOuter, F32))
         }
         "fp8-fnuz-rowwise" => {
-            p = GemmProblem::row_major(m, n, k, E4m3fnuz, E4m3fnuz, Bf16);
-            p.a_scale = f32s(ScaleGranularity::PerOuter);
-            p.b_scale = f32s(ScaleGranularity::PerOuter);
+            (E4m3fnuz, E4m3fnuz, spec(ScaleGranularity::PerOuter, F32), spec(ScaleGranularity::PerOuter, F32))
         }
         "fp8-e5m2-tensor" => {
-            p = GemmProblem::row_major(m, n, k, E5m2, E4m3fn, Bf16);
-            p.a_scale = f32s(ScaleGranularity::Tensor);
-            p.b_scale = f32s(ScaleGranularity::Tensor);
+            (E5m2, E4m3fn, spec(ScaleGranularity::Tensor, F32), spec(ScaleGranularity::Tensor, F32))
         }
-        "fp8-block128" => {
-            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
-            p.a_scale = Some(
-                ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, F32)
-                    .with_storage(ScaleStorage::InnerMajor),
-            );
-            p.b_scale = f32s(ScaleGranularity::Block { outer: 128, inner: 128 });
-        }
-        "fp8-block128-ue8m0" => {
-            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
-            p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, Ue8m0));
-            p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 128, inner: 128 }, Ue8m0));
-        }
+        // DeepSeek-V3 style: activation scales stored K-major ("column-major").
+        "fp8-block128" => (
+            E4m3fn,
+            E4m3fn,
+            Some(ScaleSpec::new(block(1, 128), F32).with_storage(ScaleStorage::InnerMajor)),
+            spec(block(128, 128), F32),
+        ),
+        "fp8-block128-ue8m0" => (E4m3fn, E4m3fn, spec(block(1, 128), Ue8m0), spec(block(128, 128), Ue8m0)),
         "mxfp4" => {
-            p = GemmProblem::row_major(m, n, k, E2m1, E2m1, Bf16);
-            let s = ScaleSpec::new(ScaleGranularity::Mx32, Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
-            p.a_scale = Some(s);
-            p.b_scale = Some(s);
+            (E2m1, E2m1, swizzled(ScaleGranularity::Mx32, Ue8m0), swizzled(ScaleGranularity::Mx32, Ue8m0))
         }
         "mxfp8" => {
-            p = GemmProblem::row_major(m, n, k, E4m3fn, E4m3fn, Bf16);
-            let s = ScaleSpec::new(ScaleGranularity::Mx32, Ue8m0).with_storage(ScaleStorage::Swizzled128x4);
-            p.a_scale = Some(s);
-            p.b_scale = Some(s);
+            (E4m3fn, E4m3fn, swizzled(ScaleGranularity::Mx32, Ue8m0), swizzled(ScaleGranularity::Mx32, Ue8m0))
         }
         "nvfp4" => {
-            p = GemmProblem::row_major(m, n, k, E2m1, E2m1, Bf16);
-            let s = ScaleSpec::new(ScaleGranularity::Nvfp4, Ue4m3).with_storage(ScaleStorage::Swizzled128x4);
-            p.a_scale = Some(s);
-            p.b_scale = Some(s);
-            p.a_tensor_scale = Some(Scalar::Device { ptr: 0, format: F32 });
-            p.b_tensor_scale = Some(Scalar::Device { ptr: 0, format: F32 });
+            (E2m1, E2m1, swizzled(ScaleGranularity::Nvfp4, Ue4m3), swizzled(ScaleGranularity::Nvfp4, Ue4m3))
         }
         "int8-rowwise" => {
-            p = GemmProblem::row_major(m, n, k, Int8, Int8, Bf16);
-            p.a_scale = f32s(ScaleGranularity::PerOuter);
-            p.b_scale = f32s(ScaleGranularity::PerOuter);
+            (Int8, Int8, spec(ScaleGranularity::PerOuter, F32), spec(ScaleGranularity::PerOuter, F32))
         }
-        "w4a16-int4" => {
-            p = GemmProblem::row_major(m, n, k, Bf16, Int4, Bf16);
-            p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 32 }, Bf16));
-        }
+        "w4a16-int4" => (Bf16, Int4, None, spec(block(1, 32), Bf16)),
         other => unreachable!("unknown scheme {other}"),
+    };
+    let mut p = GemmProblem::row_major(m, n, k, a, b, Bf16);
+    p.a_scale = a_scale;
+    p.b_scale = b_scale;
+    if scheme == "nvfp4" {
+        // The per-tensor f32 second level: chosen by the quantizer (random_inputs).
+        p.a_tensor_scale = Some(Scalar::Device { ptr: 0, format: F32 });
+        p.b_tensor_scale = Some(Scalar::Device { ptr: 0, format: F32 });
     }
     p
 }

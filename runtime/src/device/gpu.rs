@@ -526,17 +526,8 @@ impl GpuChecker {
         tag: (u64, u64),
         stream: Stream,
     ) -> Result<(), DeviceError> {
-        let b = format_of(g.b.format)?;
-        let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
-        let params = self.sketch_params(g, rows, weight, scratch, tag);
-        let geo = &scratch.geometry;
-        self.launch(
-            &build,
-            &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
-            &geo.launch,
-            &params,
-            stream,
-        )
+        let prepared = self.prepare_sketch_check(g, rows, weight, scratch, a, d, tag)?;
+        self.launch_prepared(&prepared, stream)
     }
 }
 
