@@ -10,7 +10,9 @@
 //! - [`transport`]: framing, addresses and the non-blocking client
 
 pub mod device;
+pub mod engine;
 pub mod formats;
+pub mod intercept;
 pub mod metrics;
 pub mod oracle;
 pub mod problem;

@@ -1,0 +1,92 @@
+//! What the engine asks of a check backend (GPU or host), and what comes back.
+//!
+//! The engine decides (sampling, site, mode); a backend only executes: it may copy inputs the
+//! call is about to overwrite (`before_call`), then runs or enqueues the check after the real
+//! call succeeded (`after_call`), and hands finished results back through `poll`. A backend
+//! never blocks the caller's stream on the host, never synchronises a capturing stream, and
+//! turns every failure into a `Skip` with a reason (counted by the engine).
+
+use crate::intercept::{InterceptedGemm, Skip};
+use crate::metrics::{LogitsMetrics, Metrics};
+use crate::record::{CheckMode, LogitsRow};
+use std::any::Any;
+
+/// Sketch settings of a check (DESIGN.md "Checking without paying for a second GEMM").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SketchSettings {
+    /// Probe seed; per site, so that a site's fingerprints compare across runs.
+    pub seed: u64,
+    /// k, 1..=32.
+    pub probes: u32,
+    /// Rows sketched per call when M is larger (rotating over calls of the site).
+    pub rows_per_call: u64,
+}
+
+/// One sampled call and how to check it.
+#[derive(Debug, Clone)]
+pub struct CheckRequest<'a> {
+    pub call: &'a InterceptedGemm,
+    /// Sketch, Rows or Full (Observe never reaches a backend).
+    pub mode: CheckMode,
+    pub site_ordinal: u32,
+    pub site_id: u64,
+    /// Per-process sequence number of this call (all entries).
+    pub call_seq: u64,
+    /// How many calls of this site were checked before this one: sketch and rows modes
+    /// rotate their row sample by it, so every row is covered over time.
+    pub site_epoch: u64,
+    pub sketch: SketchSettings,
+    /// Rows mode: rows compared per call (all rows when M is smaller).
+    pub rows_per_call: u64,
+    /// Some(k) when the site is an LM head (logits): KL, top-1 and top-k overlap as well.
+    pub logits_topk: Option<u32>,
+}
+
+/// What `before_call` kept for `after_call` (backend-specific).
+#[derive(Default)]
+pub struct PreCall(pub Option<Box<dyn Any + Send>>);
+
+/// A finished check, tagged with the request's site and call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckOutcome {
+    pub site_ordinal: u32,
+    pub site_id: u64,
+    pub call_seq: u64,
+    pub mode: CheckMode,
+    pub metrics: Metrics,
+    pub rows_checked: u64,
+    pub sketch_seed: u64,
+    pub sketch_prod: Vec<f32>,
+    pub sketch_ref: Vec<f32>,
+    pub logits: Option<LogitsMetrics>,
+    pub logits_rows: Vec<LogitsRow>,
+    /// `record::flags` bits.
+    pub flags: u32,
+}
+
+/// A result the backend could not produce after all (device status flags, bad descriptor):
+/// counted as a skip with this reason, never reported as a pass or a failure of the library.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Polled {
+    Done(Box<CheckOutcome>),
+    Failed { site_ordinal: u32, reason: String },
+}
+
+/// The executing side of the engine.
+pub trait Backend: Send + Sync {
+    /// "host", "cuda" or "hip".
+    fn name(&self) -> &'static str;
+    /// Device name and architecture for the session record.
+    fn device(&self) -> (String, String);
+    /// Runs before the real call: copies what the call overwrites and the check needs
+    /// (C when D aliases it with beta != 0). Never called on a failed decode.
+    fn before_call(&self, request: &CheckRequest) -> Result<PreCall, Skip>;
+    /// Runs after the real call returned success: run or enqueue the check.
+    fn after_call(&self, request: &CheckRequest, pre: PreCall) -> Result<(), Skip>;
+    /// Finished checks since the last poll, in completion order.
+    fn poll(&self, out: &mut Vec<Polled>);
+    /// Results the backend had to drop (full result ring, full queue).
+    fn dropped(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,127 @@
+//! The one declarative list of interposed entry points.
+//!
+//! `for_each_hook!(callback)` hands the whole list to `callback`. The runtime expands it into
+//! one module per symbol (argument struct, real-pointer slot, guarded entry), the shim expands
+//! it into its `#[no_mangle]` exports, and the name table (`HOOK_NAMES`, checked against
+//! `nm -D` of the built library, and reused by the dlsym hook) comes from the same list.
+//!
+//! Each line: `symbol: handler, missing = status, (parameters)`. `handler` is a function
+//! `fn(&Args, Option<Real>) -> i32` under `crate::intercept`; `missing` is the vendor's error
+//! status returned when the real symbol cannot be found (the shim never calls a null pointer).
+//! Every hooked function returns a 32-bit status enum.
+
+/// Calls `$callback! { ... }` with every hook of the interposer.
+#[macro_export]
+macro_rules! for_each_hook {
+    ($callback:ident) => {
+        $callback! {
+            // ---- NVIDIA cuBLASLt ------------------------------------------------------------
+            cublasLtMatmul: cublaslt::matmul, missing = 1, (handle: *mut c_void, desc: *mut c_void,
+                alpha: *const c_void, a: *const c_void, a_desc: *mut c_void, b: *const c_void,
+                b_desc: *mut c_void, beta: *const c_void, c: *const c_void, c_desc: *mut c_void,
+                d: *mut c_void, d_desc: *mut c_void, algo: *const c_void, workspace: *mut c_void,
+                workspace_bytes: usize, stream: *mut c_void);
+            // ---- NVIDIA cuBLAS --------------------------------------------------------------
+            cublasGemmEx: cublas::gemm_ex, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
+                b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *mut c_void, c_type: i32,
+                ldc: i32, compute: i32, algo: i32);
+            cublasGemmEx_64: cublas::gemm_ex_64, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i64, n: i64, k: i64, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i64,
+                b: *const c_void, b_type: i32, ldb: i64, beta: *const c_void, c: *mut c_void, c_type: i32,
+                ldc: i64, compute: i32, algo: i32);
+            cublasGemmStridedBatchedEx: cublas::gemm_strided_batched_ex, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void,
+                a_type: i32, lda: i32, stride_a: i64, b: *const c_void, b_type: i32, ldb: i32, stride_b: i64,
+                beta: *const c_void, c: *mut c_void, c_type: i32, ldc: i32, stride_c: i64, batch: i32,
+                compute: i32, algo: i32);
+            cublasGemmStridedBatchedEx_64: cublas::gemm_strided_batched_ex_64, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i64, n: i64, k: i64, alpha: *const c_void, a: *const c_void,
+                a_type: i32, lda: i64, stride_a: i64, b: *const c_void, b_type: i32, ldb: i64, stride_b: i64,
+                beta: *const c_void, c: *mut c_void, c_type: i32, ldc: i64, stride_c: i64, batch: i64,
+                compute: i32, algo: i32);
+            cublasGemmBatchedEx: cublas::gemm_batched_ex, missing = 1, (handle: *mut c_void, trans_a: i32,
+                trans_b: i32, m: i32, n: i32, k: i32, alpha: *const c_void, a_array: *const *const c_void,
+                a_type: i32, lda: i32, b_array: *const *const c_void, b_type: i32, ldb: i32, beta: *const c_void,
+                c_array: *const *mut c_void, c_type: i32, ldc: i32, batch: i32, compute: i32, algo: i32);
+            cublasGemmBatchedEx_64: cublas::gemm_batched_ex_64, missing = 1, (handle: *mut c_void, trans_a: i32,
+                trans_b: i32, m: i64, n: i64, k: i64, alpha: *const c_void, a_array: *const *const c_void,
+                a_type: i32, lda: i64, b_array: *const *const c_void, b_type: i32, ldb: i64, beta: *const c_void,
+                c_array: *const *mut c_void, c_type: i32, ldc: i64, batch: i64, compute: i32, algo: i32);
+            cublasSgemm_v2: cublas::sgemm, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const f32, a: *const f32, lda: i32, b: *const f32, ldb: i32,
+                beta: *const f32, c: *mut f32, ldc: i32);
+            cublasSgemm_v2_64: cublas::sgemm_64, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i64, n: i64, k: i64, alpha: *const f32, a: *const f32, lda: i64, b: *const f32, ldb: i64,
+                beta: *const f32, c: *mut f32, ldc: i64);
+            cublasHgemm: cublas::hgemm, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const u16, a: *const u16, lda: i32, b: *const u16, ldb: i32,
+                beta: *const u16, c: *mut u16, ldc: i32);
+            cublasHgemm_64: cublas::hgemm_64, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i64, n: i64, k: i64, alpha: *const u16, a: *const u16, lda: i64, b: *const u16, ldb: i64,
+                beta: *const u16, c: *mut u16, ldc: i64);
+            cublasSgemmStridedBatched: cublas::sgemm_strided_batched, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i32, n: i32, k: i32, alpha: *const f32, a: *const f32, lda: i32,
+                stride_a: i64, b: *const f32, ldb: i32, stride_b: i64, beta: *const f32, c: *mut f32, ldc: i32,
+                stride_c: i64, batch: i32);
+            cublasSgemmStridedBatched_64: cublas::sgemm_strided_batched_64, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i64, n: i64, k: i64, alpha: *const f32, a: *const f32, lda: i64,
+                stride_a: i64, b: *const f32, ldb: i64, stride_b: i64, beta: *const f32, c: *mut f32, ldc: i64,
+                stride_c: i64, batch: i64);
+            cublasHgemmStridedBatched: cublas::hgemm_strided_batched, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i32, n: i32, k: i32, alpha: *const u16, a: *const u16, lda: i32,
+                stride_a: i64, b: *const u16, ldb: i32, stride_b: i64, beta: *const u16, c: *mut u16, ldc: i32,
+                stride_c: i64, batch: i32);
+            cublasHgemmStridedBatched_64: cublas::hgemm_strided_batched_64, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i64, n: i64, k: i64, alpha: *const u16, a: *const u16, lda: i64,
+                stride_a: i64, b: *const u16, ldb: i64, stride_b: i64, beta: *const u16, c: *mut u16, ldc: i64,
+                stride_c: i64, batch: i64);
+            // ---- AMD hipBLASLt --------------------------------------------------------------
+            hipblasLtMatmul: hipblaslt::matmul, missing = 1, (handle: *mut c_void, desc: *mut c_void,
+                alpha: *const c_void, a: *const c_void, a_desc: *mut c_void, b: *const c_void,
+                b_desc: *mut c_void, beta: *const c_void, c: *const c_void, c_desc: *mut c_void,
+                d: *mut c_void, d_desc: *mut c_void, algo: *const c_void, workspace: *mut c_void,
+                workspace_bytes: usize, stream: *mut c_void);
+            // hipBLASLt has no compute/scale type attribute: learn them where the desc is made.
+            hipblasLtMatmulDescCreate: hipblaslt::desc_create, missing = 1, (desc_out: *mut *mut c_void,
+                compute: i32, scale_type: i32);
+            hipblasLtMatmulDescDestroy: hipblaslt::desc_destroy, missing = 1, (desc: *mut c_void);
+            // ---- AMD hipBLAS (the _v2 symbols take hipDataType / hipblasComputeType_t) ---------
+            hipblasGemmEx: hipblas::gemm_ex, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
+                b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *mut c_void, c_type: i32,
+                ldc: i32, compute: i32, algo: i32);
+            hipblasGemmEx_v2: hipblas::gemm_ex_v2, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
+                b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *mut c_void, c_type: i32,
+                ldc: i32, compute: i32, algo: i32);
+            hipblasGemmStridedBatchedEx: hipblas::gemm_strided_batched_ex, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void,
+                a_type: i32, lda: i32, stride_a: i64, b: *const c_void, b_type: i32, ldb: i32, stride_b: i64,
+                beta: *const c_void, c: *mut c_void, c_type: i32, ldc: i32, stride_c: i64, batch: i32,
+                compute: i32, algo: i32);
+            hipblasGemmStridedBatchedEx_v2: hipblas::gemm_strided_batched_ex_v2, missing = 1, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void,
+                a_type: i32, lda: i32, stride_a: i64, b: *const c_void, b_type: i32, ldb: i32, stride_b: i64,
+                beta: *const c_void, c: *mut c_void, c_type: i32, ldc: i32, stride_c: i64, batch: i32,
+                compute: i32, algo: i32);
+            // ---- AMD rocBLAS (separate C and D) ---------------------------------------------
+            rocblas_gemm_ex: rocblas::gemm_ex, missing = 6, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
+                b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *const c_void, c_type: i32,
+                ldc: i32, d: *mut c_void, d_type: i32, ldd: i32, compute: i32, algo: i32, solution_index: i32,
+                flags: u32);
+            rocblas_gemm_strided_batched_ex: rocblas::gemm_strided_batched_ex, missing = 6, (handle: *mut c_void,
+                trans_a: i32, trans_b: i32, m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void,
+                a_type: i32, lda: i32, stride_a: i64, b: *const c_void, b_type: i32, ldb: i32, stride_b: i64,
+                beta: *const c_void, c: *const c_void, c_type: i32, ldc: i32, stride_c: i64, d: *mut c_void,
+                d_type: i32, ldd: i32, stride_d: i64, batch: i32, compute: i32, algo: i32, solution_index: i32,
+                flags: u32);
+            rocblas_gemm_ex3: rocblas::gemm_ex3, missing = 6, (handle: *mut c_void, trans_a: i32, trans_b: i32,
+                m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
+                b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *const c_void, c_type: i32,
+                ldc: i32, d: *mut c_void, d_type: i32, ldd: i32, compute: i32, algo: i32, solution_index: i32,
+                flags: u32);
+        }
+    };
+}

@@ -1,0 +1,257 @@
+//! Interposed vendor entry points: the hook list expanded into argument structs, real-pointer
+//! slots and guarded entries, plus per-vendor decoders from call arguments to the problem model.
+//!
+//! The shim's exports are one line each: they call `hooks::<symbol>::enter(...)`. Everything
+//! else happens here, under three rules:
+//! - a thread-local guard: a hooked call made while this thread is already inside a hook
+//!   (cuBLAS calling cuBLASLt, our own work) goes straight to the real function;
+//! - no panic leaves `enter`: a panic becomes a counted internal error and a passthrough, and
+//!   the real function is called exactly once either way;
+//! - a real symbol that cannot be found returns the vendor's error status (never a null call).
+
+use std::cell::Cell;
+use std::ffi::{c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+
+pub mod cublas;
+pub mod cublaslt;
+pub mod hipblas;
+pub mod hipblaslt;
+#[macro_use]
+pub mod hooks;
+pub mod resolve;
+pub mod rocblas;
+mod pending;
+
+use crate::problem::{GemmBuffers, GemmProblem};
+
+/// One intercepted GEMM decoded into the problem model: what the shadow engine checks.
+#[derive(Debug, Clone)]
+pub struct InterceptedGemm {
+    /// The exported symbol the call came through (`cublasLtMatmul`, `rocblas_gemm_ex`, ...).
+    pub entry: &'static str,
+    /// Row-major view of the call: D (M x N) = op(A) (M x K) op(B) (K x N). Column-major
+    /// vendor calls are expressed through the transpose identity, so B is the weight of a
+    /// `linear` layer (PyTorch's `cublas*(T, N, out_features, tokens, in_features, W, x)`).
+    pub problem: GemmProblem,
+    pub buffers: GemmBuffers,
+    /// Raw `cudaStream_t` / `hipStream_t` the call was enqueued on (0: the legacy default).
+    pub stream: u64,
+    /// Batched-pointer calls (`*BatchedEx`): per-item addresses of A, B and D.
+    pub pointer_arrays: Option<PointerArrays>,
+}
+
+/// Device addresses of the per-item matrices of an array-of-pointers batched call.
+#[derive(Debug, Clone, Copy)]
+pub struct PointerArrays {
+    pub a: u64,
+    pub b: u64,
+    pub d: u64,
+}
+
+/// Why a call is passed through unchecked; counted per reason in the closing record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skip(pub String);
+
+impl Skip {
+    pub fn new(reason: impl Into<String>) -> Skip {
+        Skip(reason.into())
+    }
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the engine needs from one hook's arguments.
+pub trait GemmArgs {
+    /// The exported symbol.
+    const ENTRY: &'static str;
+    /// A cheap identity of the call's site for the sampling decision: what can be read
+    /// without decoding descriptors (at most a couple of attribute reads). Calls of one site
+    /// must map to one key; distinct sites may rarely share one.
+    fn quick_key(&self) -> u64;
+    /// Full decode into the problem model, or why this call cannot be checked.
+    fn decode(&self) -> Result<InterceptedGemm, Skip>;
+}
+
+/// The real function of one call, called at most once through [`RealCall::call`].
+pub struct RealCall<'a> {
+    call: &'a dyn Fn() -> i32,
+    status: &'a Cell<Option<i32>>,
+}
+
+impl RealCall<'_> {
+    /// Runs the real function (once; later calls return the first status).
+    pub fn call(&self) -> i32 {
+        if let Some(s) = self.status.get() {
+            return s;
+        }
+        let s = (self.call)();
+        self.status.set(Some(s));
+        s
+    }
+
+    /// Whether the real function has run.
+    pub fn done(&self) -> Option<i32> {
+        self.status.get()
+    }
+}
+
+thread_local! {
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Panics caught at the C ABI boundary (each one a passthrough).
+pub static CAUGHT_PANICS: AtomicU64 = AtomicU64::new(0);
+
+struct HookGuard;
+
+impl HookGuard {
+    /// None when this thread is already inside a hook (or its TLS is being torn down).
+    fn enter() -> Option<HookGuard> {
+        IN_HOOK
+            .try_with(|flag| {
+                if flag.get() {
+                    None
+                } else {
+                    flag.set(true);
+                    Some(HookGuard)
+                }
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for HookGuard {
+    fn drop(&mut self) {
+        let _ = IN_HOOK.try_with(|flag| flag.set(false));
+    }
+}
+
+/// True while the current thread is inside a hook body.
+pub fn in_hook() -> bool {
+    IN_HOOK.try_with(|f| f.get()).unwrap_or(true)
+}
+
+/// The body of every export: guard, catch_unwind, exactly one real call.
+pub fn guarded(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i32 {
+    let Some(_guard) = HookGuard::enter() else {
+        return real();
+    };
+    let status = Cell::new(None);
+    let call = RealCall { call: real, status: &status };
+    match catch_unwind(AssertUnwindSafe(|| body(&call))) {
+        Ok(s) => s,
+        Err(_) => {
+            CAUGHT_PANICS.fetch_add(1, Ordering::Relaxed);
+            call.call()
+        }
+    }
+}
+
+/// A lazily resolved real-function pointer (resolved once, cached; null = not found).
+pub struct RealSlot {
+    name: &'static str,
+    ptr: AtomicPtr<c_void>,
+    /// 0 unresolved, 1 resolved (ptr may be null = missing).
+    state: AtomicU8,
+}
+
+impl RealSlot {
+    pub const fn new(name_with_nul: &'static str) -> RealSlot {
+        RealSlot { name: name_with_nul, ptr: AtomicPtr::new(std::ptr::null_mut()), state: AtomicU8::new(0) }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name.trim_end_matches('\0')
+    }
+
+    /// The real function, resolved on first use by [`resolve::real_symbol`].
+    pub fn get(&self) -> Option<*mut c_void> {
+        if self.state.load(Ordering::Acquire) == 0 {
+            // Racing first calls resolve the same pointer; both stores are equal.
+            let name = CStr::from_bytes_with_nul(self.name.as_bytes()).ok();
+            let p = name.and_then(resolve::real_symbol).unwrap_or(std::ptr::null_mut());
+            self.ptr.store(p, Ordering::Release);
+            self.state.store(1, Ordering::Release);
+        }
+        let p = self.ptr.load(Ordering::Acquire);
+        (!p.is_null()).then_some(p)
+    }
+
+    /// Test hook: forget the cached pointer (next `get` resolves again).
+    pub fn reset(&self) {
+        self.state.store(0, Ordering::Release);
+        self.ptr.store(std::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+/// Expands the hook list into `pub mod <symbol>` with `Args`, `Real`, `REAL` and `enter`.
+macro_rules! define_hook_modules {
+    ($( $sym:ident : $($handler:ident)::+ , missing = $status:expr, ( $($p:ident : $t:ty),* $(,)? ) ;)*) => {
+        /// Every hooked symbol, in list order (the shim exports exactly these).
+        pub const HOOK_NAMES: &[&str] = &[$(stringify!($sym)),*];
+
+        /// The resolution slot of every hook, for the dlsym hook and diagnostics.
+        pub static REAL_SLOTS: &[&RealSlot] = &[$(&hook::$sym::REAL),*];
+
+        /// One module per hooked symbol.
+        pub mod hook {
+            $(
+            #[allow(non_snake_case)]
+            pub mod $sym {
+                #[allow(unused_imports)]
+                use std::ffi::c_void;
+                /// The real function's type.
+                pub type Real = unsafe extern "C" fn($($t),*) -> i32;
+                /// The call's arguments, as passed.
+                #[derive(Clone, Copy, Debug)]
+                pub struct Args { $(pub $p: $t),* }
+                impl Args {
+                    /// Calls `real` with these arguments.
+                    ///
+                    /// # Safety
+                    /// `real` must be the vendor function of this signature.
+                    pub unsafe fn call(&self, real: Real) -> i32 {
+                        // SAFETY: forwarded as received from the caller.
+                        unsafe { real($(self.$p),*) }
+                    }
+                }
+                pub const NAME: &str = stringify!($sym);
+                /// Returned when the real symbol cannot be found.
+                pub const MISSING_STATUS: i32 = $status;
+                pub static REAL: crate::intercept::RealSlot =
+                    crate::intercept::RealSlot::new(concat!(stringify!($sym), "\0"));
+
+                /// The export's body.
+                ///
+                /// # Safety
+                /// Called by the exported C symbol with the caller's arguments.
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe fn enter($($p: $t),*) -> i32 {
+                    let args = Args { $($p),* };
+                    let real = || match REAL.get() {
+                        // SAFETY: the slot holds the vendor's symbol of this name and signature.
+                        Some(p) => unsafe { args.call(std::mem::transmute::<*mut c_void, Real>(p)) },
+                        None => MISSING_STATUS,
+                    };
+                    crate::intercept::guarded(|call| crate::intercept::$($handler)::+(&args, call), &real)
+                }
+            }
+            )*
+        }
+    };
+}
+
+for_each_hook!(define_hook_modules);
+
+/// Resolves a real vendor function by name (for attribute getters and such), cached by the
+/// caller. Same rules as the hook slots.
+pub fn real_function(name: &'static CStr) -> Option<*mut c_void> {
+    resolve::real_symbol(name)
+}
