@@ -10,17 +10,20 @@ use super::abi::{
     QsMatrixDesc, QsPrepParams, QsRefParams, QsResultSlot, QsRingCtl, QsRingDesc, QsRingHeader, QsRowSel,
     QsSketchParams, QsWprojParams, SketchGeometry,
 };
+use super::pool::{DevicePool, PoolBlock};
 use super::registry::{KernelRegistry, LoadedProgram};
 use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, MappedHost, Stream};
 use crate::formats::Format;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// Device memory freed on drop.
+/// Device memory: freed on drop, or returned to its pool.
 pub struct DeviceBuffer {
     runtime: Arc<dyn GpuRuntime>,
     pub ptr: DevicePtr,
     pub bytes: usize,
+    /// Some: a block of the checker's pool (returned by its own drop), not a driver allocation.
+    block: Option<PoolBlock>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -31,8 +34,10 @@ impl std::fmt::Debug for DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated by this runtime's malloc and owned by this buffer alone.
-        let _ = unsafe { self.runtime.free(self.ptr) };
+        if self.block.is_none() {
+            // SAFETY: allocated by this runtime's malloc and owned by this buffer alone.
+            let _ = unsafe { self.runtime.free(self.ptr) };
+        }
     }
 }
 
@@ -81,8 +86,12 @@ impl ResultRing {
         // SAFETY: the mapping holds at least HEADER_BYTES; QsRingHeader is plain data.
         unsafe { std::ptr::write_unaligned(mapped.host as *mut QsRingHeader, header) };
         let ctl_bytes = std::mem::size_of::<QsRingCtl>();
-        let ctl =
-            DeviceBuffer { ptr: runtime.malloc(ctl_bytes)?, bytes: ctl_bytes, runtime: runtime.clone() };
+        let ctl = DeviceBuffer {
+            ptr: runtime.malloc(ctl_bytes)?,
+            bytes: ctl_bytes,
+            runtime: runtime.clone(),
+            block: None,
+        };
         runtime.copy_to_device_sync(ctl.ptr, &[0u8; std::mem::size_of::<QsRingCtl>()])?;
         Ok(ResultRing { runtime, mapped, ctl, capacity, consumed: 0 })
     }
@@ -135,6 +144,8 @@ pub struct GpuChecker {
     pub info: DeviceInfo,
     registry: KernelRegistry,
     pub ring: Mutex<ResultRing>,
+    /// When set, every buffer comes from this reservation (no driver allocation per site).
+    pool: Option<Arc<DevicePool>>,
 }
 
 /// A launch resolved once (function, geometry, parameters) and enqueued many times: the
@@ -194,6 +205,8 @@ pub struct SketchWeight {
     bproj: DeviceBuffer,
     wr: DeviceBuffer,
     wr_batch_stride: u64,
+    /// The prep kernel's scratch, kept until the weight is dropped (it may still be running).
+    _prep: (DeviceBuffer, DeviceBuffer, DeviceBuffer),
 }
 
 impl GpuChecker {
@@ -201,7 +214,21 @@ impl GpuChecker {
         let info = runtime.current_device()?;
         let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
-        Ok(GpuChecker { runtime, info, registry, ring: Mutex::new(ring) })
+        Ok(GpuChecker { runtime, info, registry, ring: Mutex::new(ring), pool: None })
+    }
+
+    /// Takes every later buffer from `pool` instead of the driver.
+    pub fn with_pool(mut self, pool: Arc<DevicePool>) -> GpuChecker {
+        self.pool = Some(pool);
+        self
+    }
+
+    pub fn pool(&self) -> Option<&Arc<DevicePool>> {
+        self.pool.as_ref()
+    }
+
+    pub fn registry(&self) -> &KernelRegistry {
+        &self.registry
     }
 
     pub fn runtime(&self) -> &Arc<dyn GpuRuntime> {
@@ -213,7 +240,13 @@ impl GpuChecker {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, DeviceError> {
-        Ok(DeviceBuffer { ptr: self.runtime.malloc(bytes.max(1))?, bytes, runtime: self.runtime.clone() })
+        if let Some(pool) = &self.pool {
+            let block = pool
+                .take(bytes.max(1))
+                .map_err(|e| DeviceError::Unsupported(format!("device pool: {e}")))?;
+            return Ok(DeviceBuffer { ptr: block.ptr(), bytes, runtime: self.runtime.clone(), block: Some(block) });
+        }
+        Ok(DeviceBuffer { ptr: self.runtime.malloc(bytes.max(1))?, bytes, runtime: self.runtime.clone(), block: None })
     }
 
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, DeviceError> {
@@ -368,6 +401,35 @@ impl GpuChecker {
         self.launch(&build, &entry, &cfg, &params, stream)
     }
 
+    /// Reference rows chosen by `rows` (any selection mode) into `out` (f32, `out_ld` per
+    /// sampled row, in sample order), rounded to D's format when `round_to_d`. Needs the
+    /// program loaded already when called from the shim (it is looked up, not compiled, then).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reference_sel(
+        &self,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        out: &DeviceBuffer,
+        out_ld: u64,
+        round_to_d: bool,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        let (a, b) = (format_of(g.a.format)?, format_of(g.b.format)?);
+        let build = KernelBuild::gemm_ref(a, b).map_err(abi_err)?;
+        let cfg = abi::gemm_ref_rows_launch(g, rows.count).map_err(abi_err)?;
+        let entry = format!("qs_gemm_ref_rows_{}_{}", a.name(), b.name());
+        let params = QsRefParams {
+            g: *g,
+            rows,
+            out_ptr: out.ptr,
+            out_ld,
+            status_ptr: 0,
+            round_to_d: round_to_d as u32,
+            reserved: 0,
+        };
+        self.launch(&build, &entry, &cfg, &params, stream)
+    }
+
     /// Compares rows of D with an f32 reference once (scratch allocated here, synchronises):
     /// for the selftest and tools; the shim prepares once and launches per call.
     pub fn compare(&self, request: &CompareRequest, stream: Stream) -> Result<(), DeviceError> {
@@ -385,6 +447,23 @@ impl GpuChecker {
         d: Format,
         seed: u64,
         k: u32,
+    ) -> Result<SketchWeight, DeviceError> {
+        let w = self.sketch_weight_on(g, a, d, seed, k, Stream::default())?;
+        self.runtime.synchronize(Stream::default())?;
+        Ok(w)
+    }
+
+    /// [`Self::sketch_weight`] enqueued on `stream` without waiting: checks enqueued after it
+    /// on the same stream see its results (the shim's path; never on a capturing stream,
+    /// since its scratch counters are zeroed with a synchronous copy).
+    pub fn sketch_weight_on(
+        &self,
+        g: &QsGemmDesc,
+        a: Format,
+        d: Format,
+        seed: u64,
+        k: u32,
+        stream: Stream,
     ) -> Result<SketchWeight, DeviceError> {
         let b = format_of(g.b.format)?;
         let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
@@ -409,7 +488,7 @@ impl GpuChecker {
             k,
             reserved: 0,
         };
-        self.launch(&build, "qs_sketch_prep", &prep_cfg, &prep, Stream::default())?;
+        self.launch(&build, "qs_sketch_prep", &prep_cfg, &prep, stream)?;
         let items = if g.b_batched() { g.batch } else { 1 };
         let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
         let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
@@ -426,9 +505,8 @@ impl GpuChecker {
             reserved: 0,
         };
         let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
-        self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, Stream::default())?;
-        self.runtime.synchronize(Stream::default())?;
-        Ok(SketchWeight { seed, k, kp, signs, rsum, bproj, wr, wr_batch_stride })
+        self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream)?;
+        Ok(SketchWeight { seed, k, kp, signs, rsum, bproj, wr, wr_batch_stride, _prep: (partials, counter, status) })
     }
 
     /// Scratch for sketch checks of `rows` rows of a K x N problem.

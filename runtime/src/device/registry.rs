@@ -97,7 +97,7 @@ impl KernelRegistry {
         build: &KernelBuild,
         key: u64,
     ) -> Result<LoadedProgram, DeviceError> {
-        let path = self.cache_dir.as_ref().map(|d| d.join(format!("{key:016x}.bin")));
+        let path = self.cache_path(key);
         if let Some(path) = &path {
             if let Ok(image) = std::fs::read(path) {
                 match load(runtime, build, &image, ProgramOrigin::DiskCache) {
@@ -108,6 +108,15 @@ impl KernelRegistry {
                 }
             }
         }
+        let image = self.compile_to_cache(runtime, build, key)?;
+        load(runtime, build, &image, ProgramOrigin::Compiled)
+    }
+
+    fn cache_path(&self, key: u64) -> Option<PathBuf> {
+        self.cache_dir.as_ref().map(|d| d.join(format!("{key:016x}.bin")))
+    }
+
+    fn compile_to_cache(&self, runtime: &dyn GpuRuntime, build: &KernelBuild, key: u64) -> Result<Vec<u8>, DeviceError> {
         let options: Vec<String> = COMPILE_OPTIONS
             .iter()
             .map(|o| o.to_string())
@@ -115,13 +124,45 @@ impl KernelRegistry {
             .collect();
         let image =
             runtime.compile(build.source.text(), build.source.file_name(), &self.arch, &options, &HEADERS)?;
-        let program = load(runtime, build, &image, ProgramOrigin::Compiled)?;
-        if let Some(path) = &path {
-            if let Err(e) = store(path, &image) {
+        if let Some(path) = self.cache_path(key) {
+            if let Err(e) = store(&path, &image) {
                 tracing::debug!(path = %path.display(), error = %e, "kernel cache not written");
             }
         }
-        Ok(program)
+        Ok(image)
+    }
+
+    /// The program if it is already loaded (no compile, no driver call).
+    pub fn loaded(&self, build: &KernelBuild) -> Option<Arc<LoadedProgram>> {
+        self.programs.lock().unwrap_or_else(|e| e.into_inner()).get(build).cloned()
+    }
+
+    /// The device image of `build`: from the disk cache, else compiled (and cached). Needs no
+    /// context (run-time compilers only), so it can run on a background thread while the
+    /// process captures graphs.
+    pub fn image(&self, runtime: &dyn GpuRuntime, build: &KernelBuild) -> Result<Vec<u8>, DeviceError> {
+        let key = cache_key(build, &self.arch, &self.compiler);
+        if let Some(path) = self.cache_path(key) {
+            if let Ok(image) = std::fs::read(&path) {
+                return Ok(image);
+            }
+        }
+        self.compile_to_cache(runtime, build, key)
+    }
+
+    /// Loads a compiled image into the current context and registers it.
+    pub fn install(
+        &self,
+        runtime: &dyn GpuRuntime,
+        build: &KernelBuild,
+        image: &[u8],
+    ) -> Result<Arc<LoadedProgram>, DeviceError> {
+        if let Some(p) = self.loaded(build) {
+            return Ok(p);
+        }
+        let program = Arc::new(load(runtime, build, image, ProgramOrigin::Compiled)?);
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(programs.entry(build.clone()).or_insert(program).clone())
     }
 }
 

@@ -1,11 +1,486 @@
 //! The shadow engine: configuration, sampling, sites, the check backends and the poller.
+//!
+//! Inert until the first intercepted GEMM: no thread, socket, file or device work before it
+//! (compilers that inherit LD_PRELOAD stay untouched). The first GEMM starts the engine once
+//! per process; a failure to start is logged once and leaves every call a passthrough. A
+//! child made by fork() without exec inherits a dead engine: it passes everything through.
 
 pub mod backend;
+pub mod config;
+pub mod gpu;
+pub mod log;
+pub mod sites;
 
-use crate::intercept::{GemmArgs, RealCall};
+use crate::intercept::{GemmArgs, InterceptedGemm, RealCall};
+use crate::record::{self, CheckMode, ClosingRecord, GemmObservation, ProblemSummary, Record, SessionRecord};
+use crate::transport::{Client, ClientOptions};
+use backend::{Backend, CheckRequest, Polled, SketchSettings};
+use config::{Config, DeviceChoice, Mode};
+use sites::{Sampler, Sites};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Per-process engine state.
+pub struct Engine {
+    pub config: Config,
+    pid: u32,
+    session_id: u64,
+    backend: Option<Box<dyn Backend>>,
+    client: Option<Client>,
+    sampler: Sampler,
+    sites: Sites,
+    stats: Stats,
+    call_seq: AtomicU64,
+    /// call_seq -> what the record of that call needs (bounded; captured calls replay theirs).
+    pending: Mutex<PendingCalls>,
+    poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: AtomicBool,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Stats {
+    calls_seen: AtomicU64,
+    sampled: AtomicU64,
+    checked: AtomicU64,
+    skipped: Mutex<BTreeMap<String, u64>>,
+}
+
+struct CallMeta {
+    entry: &'static str,
+    problem: ProblemSummary,
+    site_name: Option<String>,
+}
+
+#[derive(Default)]
+struct PendingCalls {
+    map: HashMap<u64, CallMeta>,
+    order: VecDeque<u64>,
+}
+
+const PENDING_CAP: usize = 8192;
+/// Longest the process exit waits for checks still on the device.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
+
+static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+
+/// The engine, started on first use; None when off, failed to start, or in a forked child.
+pub fn engine() -> Option<&'static Engine> {
+    let e = ENGINE.get_or_init(Engine::start).as_ref()?;
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } as u32 != e.pid {
+        return None;
+    }
+    Some(e)
+}
+
+/// Whether the engine has been started in this process (for tests of inertness).
+pub fn started() -> bool {
+    ENGINE.get().is_some()
+}
 
 /// Entry of every intercepted GEMM: decide, run the real call, enqueue the check.
 pub fn on_gemm<A: GemmArgs>(args: &A, real: &RealCall) -> i32 {
-    let _ = args;
-    real.call()
+    let Some(engine) = engine() else {
+        return real.call();
+    };
+    engine.gemm(args, real)
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates on success.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) } == 0;
+    if !ok {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Picks the backend: CUDA when a CUDA context is current, else HIP, else the host.
+fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
+    let gpu_settings = gpu::GpuSettings { pool_bytes: config.pool_bytes, ring_capacity: 4096 };
+    match config.device {
+        DeviceChoice::Cuda => gpu::start_cuda(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
+        DeviceChoice::Hip => gpu::start_hip(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
+        DeviceChoice::Host => start_host(),
+        DeviceChoice::Auto => {
+            let cuda = gpu::start_cuda(&gpu_settings);
+            if let Ok(b) = cuda {
+                return Ok(Box::new(b));
+            }
+            let hip = gpu::start_hip(&gpu_settings);
+            if let Ok(b) = hip {
+                return Ok(Box::new(b));
+            }
+            // Host code cannot read device pointers: only without any GPU runtime.
+            if gpu::gpu_runtime_present() {
+                return Err(format!(
+                    "a GPU runtime is loaded but no backend started ({}; {})",
+                    cuda.err().unwrap_or_default(),
+                    hip.err().unwrap_or_default()
+                ));
+            }
+            start_host()
+        }
+    }
+}
+
+fn start_host() -> Result<Box<dyn Backend>, String> {
+    Err("the host backend is not built in".into())
+}
+
+impl Engine {
+    fn start() -> Option<Engine> {
+        let config = Config::from_env();
+        log::set_level(config.log);
+        for w in &config.warnings {
+            log::warn(w);
+        }
+        if config.mode == Mode::Off {
+            return None;
+        }
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        let session_id = crate::rng::mix64(now_ns() ^ ((pid as u64) << 32) ^ (&config as *const _ as u64));
+        let backend = match config.mode {
+            Mode::Check(_) => match start_backend(&config) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    log::error(&format!("no check backend ({e}); calls pass through unchecked"));
+                    return None;
+                }
+            },
+            _ => None,
+        };
+        let (device_name, device_arch) = backend.as_ref().map(|b| b.device()).unwrap_or_default();
+        let mut settings: Vec<record::KeyValue> = config
+            .settings()
+            .into_iter()
+            .map(|(key, value)| record::KeyValue { key, value })
+            .collect();
+        settings.push(record::KeyValue {
+            key: "backend".into(),
+            value: backend.as_ref().map_or("none", |b| b.name()).into(),
+        });
+        let session = SessionRecord {
+            session_id,
+            host: hostname(),
+            pid,
+            rank: std::env::var("RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(-1),
+            device_name,
+            device_arch,
+            library_versions: vec![record::KeyValue {
+                key: "quantshadow".into(),
+                value: env!("CARGO_PKG_VERSION").into(),
+            }],
+            label: config.label.clone(),
+            start_time_ns: now_ns(),
+            settings,
+        };
+        let client = config.collector.clone().map(|address| {
+            let options =
+                ClientOptions { preamble: Some(record::encode(&Record::Session(session))), ..Default::default() };
+            Client::start(address, options)
+        });
+        if client.is_none() {
+            log::warn("QUANTSHADOW_COLLECTOR is not set: results are counted, not recorded");
+        }
+        let sites = Sites::new(config.names.as_deref());
+        log::info(&format!(
+            "started: mode {}, sampling {}, backend {}",
+            config.mode.name(),
+            config.sampling.describe(),
+            backend.as_ref().map_or("none", |b| b.name())
+        ));
+        let engine = Engine {
+            sampler: Sampler::new(config.sampling),
+            config,
+            pid,
+            session_id,
+            backend,
+            client,
+            sites,
+            stats: Stats::default(),
+            call_seq: AtomicU64::new(0),
+            pending: Mutex::new(PendingCalls::default()),
+            poller: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        };
+        // SAFETY: registers a plain extern "C" function; runs once at exit.
+        unsafe { libc::atexit(at_exit) };
+        Some(engine)
+    }
+
+    fn skip(&self, reason: &str) {
+        let mut m = self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get_mut(reason) {
+            Some(c) => *c += 1,
+            None => {
+                log::debug(&format!("skip: {reason}"));
+                // Bounded: reasons are short stable strings, but never let them grow unboundedly.
+                let key = if m.len() < 256 { reason.to_string() } else { "other".to_string() };
+                *m.entry(key).or_insert(0) += 1;
+            }
+        }
+    }
+
+    fn gemm<A: GemmArgs>(&'static self, args: &A, real: &RealCall) -> i32 {
+        self.stats.calls_seen.fetch_add(1, Ordering::Relaxed);
+        let key = args.quick_key() ^ crate::rng::mix64(A::ENTRY.as_ptr() as u64);
+        if !self.sampler.take(key) {
+            return real.call();
+        }
+        self.stats.sampled.fetch_add(1, Ordering::Relaxed);
+        let call = match args.decode() {
+            Ok(c) => c,
+            Err(skip) => {
+                self.skip(&skip.0);
+                return real.call();
+            }
+        };
+        self.ensure_poller();
+        let site = self.sites.site_of(&call);
+        let call_seq = self.call_seq.fetch_add(1, Ordering::Relaxed);
+        let mode = match self.config.mode {
+            Mode::Check(m) => m,
+            _ => {
+                let status = real.call();
+                if status == 0 {
+                    self.send_observation(&call, &site, call_seq);
+                }
+                return status;
+            }
+        };
+        let Some(backend) = self.backend.as_ref() else {
+            return real.call();
+        };
+        let request = CheckRequest {
+            call: &call,
+            mode,
+            site_ordinal: site.ordinal,
+            site_id: site.id,
+            call_seq,
+            site_epoch: site.epoch,
+            sketch: SketchSettings {
+                seed: crate::rng::mix64(self.config.seed ^ site.id),
+                probes: self.config.probes,
+                rows_per_call: self.config.sketch_rows,
+            },
+            rows_per_call: self.config.check_rows,
+            logits_topk: (mode != CheckMode::Sketch && call.problem.n >= LOGITS_MIN_N).then_some(LOGITS_TOPK),
+        };
+        let pre = match backend.before_call(&request) {
+            Ok(p) => p,
+            Err(skip) => {
+                self.skip(&skip.0);
+                return real.call();
+            }
+        };
+        let status = real.call();
+        if status != 0 {
+            self.skip("the library returned an error status");
+            return status;
+        }
+        self.remember(call_seq, &call, site.name.clone());
+        match backend.after_call(&request, pre) {
+            Ok(()) => {}
+            Err(skip) => self.skip(&skip.0),
+        }
+        status
+    }
+
+    fn remember(&self, call_seq: u64, call: &InterceptedGemm, site_name: Option<String>) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        while p.order.len() >= PENDING_CAP {
+            if let Some(old) = p.order.pop_front() {
+                p.map.remove(&old);
+            }
+        }
+        p.order.push_back(call_seq);
+        p.map.insert(
+            call_seq,
+            CallMeta { entry: call.entry, problem: ProblemSummary::from(&call.problem), site_name },
+        );
+    }
+
+    fn send(&self, record: &Record) {
+        if let Some(c) = &self.client {
+            c.send(record::encode(record));
+        }
+    }
+
+    fn send_observation(&self, call: &InterceptedGemm, site: &sites::SiteRef, call_seq: u64) {
+        let o = GemmObservation {
+            session_id: self.session_id,
+            site_id: site.id,
+            site_ordinal: site.ordinal,
+            site_name: site.name.clone(),
+            call_seq,
+            entry_point: call.entry.to_string(),
+            backend: None,
+            problem: ProblemSummary::from(&call.problem),
+            mode: CheckMode::Observe,
+            metrics: None,
+            rows_checked: 0,
+            sketch_seed: 0,
+            sketch_prod: vec![],
+            sketch_ref: vec![],
+            logits: None,
+            logits_rows: vec![],
+            flags: 0,
+            timestamp_ns: now_ns(),
+        };
+        self.send(&Record::Observation(o));
+    }
+
+    /// Turns finished checks into records; returns how many it handled.
+    fn drain(&self) -> usize {
+        let Some(backend) = self.backend.as_ref() else {
+            return 0;
+        };
+        let mut out = Vec::new();
+        backend.poll(&mut out);
+        let n = out.len();
+        for polled in out {
+            match polled {
+                Polled::Failed { reason, .. } => self.skip(&reason),
+                Polled::Done(o) => {
+                    self.stats.checked.fetch_add(1, Ordering::Relaxed);
+                    let meta = {
+                        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                        p.map.get(&o.call_seq).map(|m| (m.entry, m.problem.clone(), m.site_name.clone()))
+                    };
+                    let Some((entry, problem, site_name)) = meta else {
+                        self.skip("result of a call no longer remembered");
+                        continue;
+                    };
+                    let obs = GemmObservation {
+                        session_id: self.session_id,
+                        site_id: o.site_id,
+                        site_ordinal: o.site_ordinal,
+                        site_name,
+                        call_seq: o.call_seq,
+                        entry_point: entry.to_string(),
+                        backend: Some(backend.name().to_string()),
+                        problem,
+                        mode: o.mode,
+                        metrics: Some(o.metrics),
+                        rows_checked: o.rows_checked,
+                        sketch_seed: o.sketch_seed,
+                        sketch_prod: o.sketch_prod,
+                        sketch_ref: o.sketch_ref,
+                        logits: o.logits,
+                        logits_rows: o.logits_rows,
+                        flags: o.flags,
+                        timestamp_ns: now_ns(),
+                    };
+                    self.send(&Record::Observation(obs));
+                }
+            }
+        }
+        n
+    }
+
+    fn ensure_poller(&'static self) {
+        if self.backend.is_none() {
+            return;
+        }
+        let mut slot = self.poller.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() || self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("quantshadow-poll".into()).spawn(move || {
+            while !self.stop.load(Ordering::Acquire) {
+                if self.drain() == 0 {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        });
+        match spawned {
+            Ok(h) => *slot = Some(h),
+            Err(e) => log::error(&format!("cannot start the poller thread: {e}")),
+        }
+    }
+
+    /// Counters so far (for the closing record and tests).
+    pub fn closing_record(&self, dropped: u64) -> ClosingRecord {
+        let skipped = self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        ClosingRecord {
+            session_id: self.session_id,
+            calls_seen: self.stats.calls_seen.load(Ordering::Relaxed),
+            sampled: self.stats.sampled.load(Ordering::Relaxed),
+            checked: self.stats.checked.load(Ordering::Relaxed),
+            skipped: skipped.iter().map(|(r, c)| record::SkipCount { reason: r.clone(), count: *c }).collect(),
+            dropped: dropped + self.backend.as_ref().map_or(0, |b| b.dropped()),
+            end_time_ns: now_ns(),
+        }
+    }
+
+    /// Stops the poller, collects what finishes within a short grace period, sends the
+    /// closing record and closes the transport. Idempotent.
+    pub fn shutdown(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.poller.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+        let t0 = Instant::now();
+        let expected = self.stats.sampled.load(Ordering::Relaxed);
+        while t0.elapsed() < EXIT_GRACE {
+            let n = self.drain();
+            let checked = self.stats.checked.load(Ordering::Relaxed);
+            if n == 0 && checked + self.skipped_total() >= expected {
+                break;
+            }
+            if n == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let closing = |dropped| record::encode(&Record::Closing(self.closing_record(dropped)));
+        let summary = match &self.client {
+            Some(c) => {
+                let s = c.close(closing, Duration::from_secs(2));
+                format!(", {} records sent, {} dropped", s.sent, s.dropped)
+            }
+            None => String::new(),
+        };
+        let c = self.closing_record(0);
+        log::info(&format!(
+            "closing: {} calls, {} sampled, {} checked, {} skipped{summary}",
+            c.calls_seen,
+            c.sampled,
+            c.checked,
+            c.skipped.iter().map(|s| s.count).sum::<u64>()
+        ));
+    }
+
+    fn skipped_total(&self) -> u64 {
+        self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner()).values().sum()
+    }
+}
+
+/// Sites with N at least this large are treated as LM heads (logits metrics) in rows/full mode.
+pub const LOGITS_MIN_N: u64 = 32_000;
+pub const LOGITS_TOPK: u32 = 5;
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Some(e)) = ENGINE.get() {
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } as u32 == e.pid {
+                e.shutdown();
+            }
+        }
+    });
 }

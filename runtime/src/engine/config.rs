@@ -1,0 +1,322 @@
+//! Configuration from the environment. An invalid value never aborts the host: it gives one
+//! clear log line and the safe default.
+
+use crate::record::CheckMode;
+use crate::transport::Address;
+
+/// `QUANTSHADOW_MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Interposers pass everything through; nothing starts.
+    Off,
+    /// Calls are decoded and recorded, nothing is checked.
+    Observe,
+    Check(CheckMode),
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::Observe => "observe",
+            Mode::Check(m) => m.name(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(Mode::Off),
+            "observe" => Some(Mode::Observe),
+            "sketch" => Some(Mode::Check(CheckMode::Sketch)),
+            "rows" => Some(Mode::Check(CheckMode::Rows)),
+            "full" => Some(Mode::Check(CheckMode::Full)),
+            _ => None,
+        }
+    }
+}
+
+/// `QUANTSHADOW_SAMPLE`: which calls of a site are checked. Calls are counted per site from 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampling {
+    /// The first `first` calls of every site are checked...
+    pub first: u64,
+    /// ...then every `every`-th call after them (0: none).
+    pub every: u64,
+}
+
+impl Sampling {
+    pub const ALL: Sampling = Sampling { first: 0, every: 1 };
+
+    /// `all`, `1/N`, `first:K` or `first:K,1/N` (also `first:K then 1/N`).
+    pub fn parse(s: &str) -> Option<Sampling> {
+        let s = s.trim().to_ascii_lowercase();
+        if s == "all" {
+            return Some(Sampling::ALL);
+        }
+        let one_in = |t: &str| -> Option<u64> {
+            let n: u64 = t.trim().strip_prefix("1/")?.trim().parse().ok()?;
+            (n >= 1).then_some(n)
+        };
+        if let Some(rest) = s.strip_prefix("first:") {
+            let (k, tail) = match rest.find([',', ' ']) {
+                Some(i) => (&rest[..i], Some(rest[i + 1..].trim().trim_start_matches("then").trim())),
+                None => (rest, None),
+            };
+            let first: u64 = k.trim().parse().ok()?;
+            let every = match tail {
+                None => 0,
+                Some(t) => one_in(t)?,
+            };
+            return Some(Sampling { first, every });
+        }
+        one_in(&s).map(|every| Sampling { first: 0, every })
+    }
+
+    /// Whether call number `n` (0-based, per site) is checked.
+    pub fn takes(&self, n: u64) -> bool {
+        if n < self.first {
+            return true;
+        }
+        self.every != 0 && (n - self.first) % self.every == 0
+    }
+
+    pub fn describe(&self) -> String {
+        match (self.first, self.every) {
+            (0, 1) => "all".into(),
+            (0, n) => format!("1/{n}"),
+            (k, 0) => format!("first:{k}"),
+            (k, n) => format!("first:{k},1/{n}"),
+        }
+    }
+}
+
+/// `QUANTSHADOW_DEVICE`: which backend runs the checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// CUDA if a CUDA context is current, else HIP, else the host (never the host when a GPU
+    /// runtime is present: host code cannot read device pointers).
+    Auto,
+    Cuda,
+    Hip,
+    Host,
+}
+
+/// Log verbosity (`QUANTSHADOW_LOG`: error | warn | info | debug; default warn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    pub sampling: Sampling,
+    pub collector: Option<Address>,
+    pub label: String,
+    pub log: LogLevel,
+    pub device: DeviceChoice,
+    pub probes: u32,
+    pub sketch_rows: u64,
+    pub check_rows: u64,
+    pub seed: u64,
+    /// Device memory reserved for the checks, bytes.
+    pub pool_bytes: usize,
+    /// `QUANTSHADOW_NAMES`: map file of weight pointer -> parameter name.
+    pub names: Option<std::path::PathBuf>,
+    /// Problems with the environment, logged once at start.
+    pub warnings: Vec<String>,
+}
+
+pub const DEFAULT_PROBES: u32 = crate::sketch::DEFAULT_PROBES;
+pub const DEFAULT_SKETCH_ROWS: u64 = crate::sketch::DEFAULT_ROWS_PER_CALL;
+pub const DEFAULT_CHECK_ROWS: u64 = 64;
+pub const DEFAULT_POOL_MIB: usize = 512;
+
+impl Config {
+    pub fn from_env() -> Config {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads every setting through `get` (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Config {
+        let mut warnings = Vec::new();
+        let parsed = |key: &str| get(key).filter(|v| !v.trim().is_empty());
+        let mut bad = Vec::new();
+        let mode = match parsed("QUANTSHADOW_MODE") {
+            None => Mode::Check(CheckMode::Sketch),
+            Some(v) => Mode::parse(&v).unwrap_or_else(|| {
+                bad.push(format!(
+                    "QUANTSHADOW_MODE={v:?} is not one of off, observe, sketch, rows, full; using sketch"
+                ));
+                Mode::Check(CheckMode::Sketch)
+            }),
+        };
+        let sampling = match parsed("QUANTSHADOW_SAMPLE") {
+            None => Sampling::ALL,
+            Some(v) => Sampling::parse(&v).unwrap_or_else(|| {
+                bad.push(format!(
+                    "QUANTSHADOW_SAMPLE={v:?} is not all, 1/N, first:K or first:K,1/N; using 1/100"
+                ));
+                Sampling { first: 0, every: 100 }
+            }),
+        };
+        let collector = parsed("QUANTSHADOW_COLLECTOR").and_then(|v| match v.parse::<Address>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                bad.push(format!("QUANTSHADOW_COLLECTOR={v:?}: {e}; records are not sent"));
+                None
+            }
+        });
+        let label = parsed("QUANTSHADOW_LABEL").unwrap_or_else(|| "default".into());
+        let log = match parsed("QUANTSHADOW_LOG") {
+            None => LogLevel::Warn,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "error" => LogLevel::Error,
+                "warn" | "warning" => LogLevel::Warn,
+                "info" => LogLevel::Info,
+                "debug" | "trace" => LogLevel::Debug,
+                _ => {
+                    bad.push(format!("QUANTSHADOW_LOG={v:?} is not error, warn, info or debug; using warn"));
+                    LogLevel::Warn
+                }
+            },
+        };
+        let device = match parsed("QUANTSHADOW_DEVICE") {
+            None => DeviceChoice::Auto,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => DeviceChoice::Auto,
+                "cuda" => DeviceChoice::Cuda,
+                "hip" => DeviceChoice::Hip,
+                "host" => DeviceChoice::Host,
+                _ => {
+                    bad.push(format!("QUANTSHADOW_DEVICE={v:?} is not auto, cuda, hip or host; using auto"));
+                    DeviceChoice::Auto
+                }
+            },
+        };
+        let mut number = |key: &str, default: u64, lo: u64, hi: u64| -> u64 {
+            match parsed(key) {
+                None => default,
+                Some(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if (lo..=hi).contains(&n) => n,
+                    _ => {
+                        bad.push(format!("{key}={v:?} is not a number in {lo}..={hi}; using {default}"));
+                        default
+                    }
+                },
+            }
+        };
+        let probes = number("QUANTSHADOW_PROBES", DEFAULT_PROBES as u64, 1, 32) as u32;
+        let sketch_rows = number("QUANTSHADOW_SKETCH_ROWS", DEFAULT_SKETCH_ROWS, 1, 1 << 20);
+        let check_rows = number("QUANTSHADOW_ROWS", DEFAULT_CHECK_ROWS, 1, 1 << 20);
+        let seed = number("QUANTSHADOW_SEED", 0x5eed, 0, u64::MAX);
+        let pool_mib = number("QUANTSHADOW_POOL_MB", DEFAULT_POOL_MIB as u64, 16, 1 << 20) as usize;
+        let names = parsed("QUANTSHADOW_NAMES").map(std::path::PathBuf::from);
+        warnings.append(&mut bad);
+        Config {
+            mode,
+            sampling,
+            collector,
+            label,
+            log,
+            device,
+            probes,
+            sketch_rows,
+            check_rows,
+            seed,
+            pool_bytes: pool_mib << 20,
+            names,
+            warnings,
+        }
+    }
+
+    /// Effective settings for the session record.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        vec![
+            ("mode".into(), self.mode.name().into()),
+            ("sample".into(), self.sampling.describe()),
+            ("probes".into(), self.probes.to_string()),
+            ("sketch_rows".into(), self.sketch_rows.to_string()),
+            ("rows".into(), self.check_rows.to_string()),
+            ("seed".into(), self.seed.to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_are_sketch_all() {
+        let c = cfg(&[]);
+        assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
+        assert_eq!(c.sampling, Sampling::ALL);
+        assert!(c.collector.is_none());
+        assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn sampling_forms() {
+        assert_eq!(Sampling::parse("all"), Some(Sampling::ALL));
+        assert_eq!(Sampling::parse("1/8"), Some(Sampling { first: 0, every: 8 }));
+        assert_eq!(Sampling::parse("first:3"), Some(Sampling { first: 3, every: 0 }));
+        assert_eq!(Sampling::parse("first:3,1/10"), Some(Sampling { first: 3, every: 10 }));
+        assert_eq!(Sampling::parse("first:3 then 1/10"), Some(Sampling { first: 3, every: 10 }));
+        for bad in ["", "1/0", "half", "first:", "first:x", "first:2,1/0", "2/3"] {
+            assert_eq!(Sampling::parse(bad), None, "{bad}");
+        }
+        let s = Sampling { first: 2, every: 3 };
+        let taken: Vec<u64> = (0..10).filter(|&n| s.takes(n)).collect();
+        assert_eq!(taken, vec![0, 1, 2, 5, 8]);
+        assert!(!Sampling { first: 1, every: 0 }.takes(1));
+        for s in [Sampling::ALL, Sampling { first: 0, every: 7 }, Sampling { first: 4, every: 0 }, s] {
+            assert_eq!(Sampling::parse(&s.describe()), Some(s));
+        }
+    }
+
+    #[test]
+    fn invalid_values_warn_and_fall_back() {
+        let c = cfg(&[
+            ("QUANTSHADOW_MODE", "fast"),
+            ("QUANTSHADOW_SAMPLE", "sometimes"),
+            ("QUANTSHADOW_COLLECTOR", "udp:1.2.3.4"),
+            ("QUANTSHADOW_LOG", "loud"),
+            ("QUANTSHADOW_PROBES", "64"),
+            ("QUANTSHADOW_DEVICE", "tpu"),
+        ]);
+        assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
+        assert_eq!(c.sampling, Sampling { first: 0, every: 100 });
+        assert!(c.collector.is_none());
+        assert_eq!(c.log, LogLevel::Warn);
+        assert_eq!(c.probes, DEFAULT_PROBES);
+        assert_eq!(c.device, DeviceChoice::Auto);
+        assert_eq!(c.warnings.len(), 6, "{:?}", c.warnings);
+        assert!(c.warnings.iter().any(|w| w.contains("QUANTSHADOW_MODE=\"fast\"")));
+    }
+
+    #[test]
+    fn valid_values() {
+        let c = cfg(&[
+            ("QUANTSHADOW_MODE", "rows"),
+            ("QUANTSHADOW_SAMPLE", "first:2,1/4"),
+            ("QUANTSHADOW_COLLECTOR", "unix:/tmp/x.sock"),
+            ("QUANTSHADOW_LABEL", "fp8-rowwise"),
+            ("QUANTSHADOW_DEVICE", "host"),
+        ]);
+        assert_eq!(c.mode, Mode::Check(CheckMode::Rows));
+        assert_eq!(c.collector, Some(Address::Unix("/tmp/x.sock".into())));
+        assert_eq!(c.label, "fp8-rowwise");
+        assert_eq!(c.device, DeviceChoice::Host);
+        assert!(c.warnings.is_empty());
+    }
+}

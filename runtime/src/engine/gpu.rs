@@ -1,0 +1,422 @@
+//! The GPU backend: checks enqueued on the caller's stream with the run-time compiled kernels,
+//! results read back from the mapped ring by the poller.
+//!
+//! Rules (DESIGN.md "Runtime rules in someone else's process"):
+//! - the caller's current context, never a new one;
+//! - one pool reserved at start; per-site state (probe projections of the weight, scratch,
+//!   the row epoch) is set up on the first non-capturing call of the site, never while the
+//!   stream captures: a capture of a site not seen before is a counted skip;
+//! - kernels are compiled on a background thread (run-time compilers only, no context) and
+//!   installed by a later non-capturing call; until then calls are skipped as "warming up";
+//! - per call: a few launches on the caller's stream, no allocation, no synchronisation, no
+//!   event query; inside a capture the same launches are recorded and run at every replay,
+//!   each replay writing a fresh ring slot (device-side ticket) and rotating the sampled rows.
+
+use super::backend::{Backend, CheckOutcome, CheckRequest, PreCall, Polled};
+use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
+use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
+use crate::device::pool::DevicePool;
+use crate::device::{GpuRuntime, Stream};
+use crate::intercept::Skip;
+use crate::record::{flags, CheckMode};
+use crate::sketch::{self, RowSample};
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+pub struct GpuSettings {
+    pub pool_bytes: usize,
+    pub ring_capacity: u32,
+}
+
+/// Whether a GPU runtime library is mapped into this process.
+pub fn gpu_runtime_present() -> bool {
+    crate::intercept::resolve::loaded_objects().iter().any(|p| {
+        let s = p.to_string_lossy();
+        s.contains("libcuda.so") || s.contains("libamdhip64.so")
+    })
+}
+
+fn library_loaded(fragment: &str) -> bool {
+    crate::intercept::resolve::loaded_objects().iter().any(|p| p.to_string_lossy().contains(fragment))
+}
+
+/// The CUDA backend, when this process already uses CUDA and a context is current.
+pub fn start_cuda(settings: &GpuSettings) -> Result<GpuBackend, String> {
+    if !library_loaded("libcuda.so") {
+        return Err("libcuda is not loaded in this process".into());
+    }
+    let rt = crate::device::cuda::CudaRuntime::load().map_err(|e| e.to_string())?;
+    GpuBackend::new(Arc::new(rt), "cuda", settings)
+}
+
+/// The HIP backend, when this process already uses HIP and a device is current.
+pub fn start_hip(settings: &GpuSettings) -> Result<GpuBackend, String> {
+    if !library_loaded("libamdhip64.so") {
+        return Err("libamdhip64 is not loaded in this process".into());
+    }
+    let rt = crate::device::hip::HipRuntime::load().map_err(|e| e.to_string())?;
+    GpuBackend::new(Arc::new(rt), "hip", settings)
+}
+
+/// A weight's probe projections and the scratch of its checks.
+struct SiteGpu {
+    weight_ptr: u64,
+    weight: Option<SketchWeight>,
+    /// Sketch scratch per (stream, sampled rows): concurrent streams never share scratch.
+    sketch_scratch: HashMap<(u64, u64), SketchScratch>,
+    /// Per-site row epoch (device u64), advanced by the last kernel of each check.
+    epoch: DeviceBuffer,
+    /// Rows/full: reference rows (f32) and compare scratch per (stream, rows, logits).
+    rows_state: HashMap<(u64, u64, bool), RowsState>,
+}
+
+struct RowsState {
+    reference: DeviceBuffer,
+    compare: crate::device::gpu::CompareScratch,
+}
+
+struct Compiler {
+    requests: Mutex<mpsc::Sender<KernelBuild>>,
+    pending: Mutex<HashSet<KernelBuild>>,
+    ready: Arc<Mutex<HashMap<KernelBuild, Result<Vec<u8>, String>>>>,
+}
+
+pub struct GpuBackend {
+    name: &'static str,
+    runtime: Arc<dyn GpuRuntime>,
+    checker: Arc<GpuChecker>,
+    sites: Mutex<HashMap<u64, SiteGpu>>,
+    /// site_id -> ordinal, for tagging results.
+    ordinals: Mutex<HashMap<u64, u32>>,
+    compiler: Compiler,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl GpuBackend {
+    pub fn new(runtime: Arc<dyn GpuRuntime>, name: &'static str, s: &GpuSettings) -> Result<GpuBackend, String> {
+        let checker = GpuChecker::new(runtime.clone(), s.ring_capacity).map_err(err)?;
+        let pool = DevicePool::reserve(runtime.clone(), s.pool_bytes).map_err(err)?;
+        let checker = Arc::new(checker.with_pool(pool));
+        let (tx, rx) = mpsc::channel::<KernelBuild>();
+        let ready: Arc<Mutex<HashMap<KernelBuild, Result<Vec<u8>, String>>>> = Arc::default();
+        {
+            let (checker, runtime, ready) = (checker.clone(), runtime.clone(), ready.clone());
+            std::thread::Builder::new()
+                .name("quantshadow-nvrtc".into())
+                .spawn(move || {
+                    for build in rx {
+                        let image = checker.registry().image(runtime.as_ref(), &build).map_err(err);
+                        if let Err(e) = &image {
+                            super::log::error(&format!("kernel compile failed: {e}"));
+                        }
+                        ready.lock().unwrap_or_else(|e| e.into_inner()).insert(build, image);
+                    }
+                })
+                .map_err(err)?;
+        }
+        super::log::info(&format!(
+            "{name} backend on {} ({}), pool {} MiB",
+            checker.info.name,
+            checker.info.arch,
+            s.pool_bytes >> 20
+        ));
+        Ok(GpuBackend {
+            name,
+            runtime,
+            checker,
+            sites: Mutex::new(HashMap::new()),
+            ordinals: Mutex::new(HashMap::new()),
+            compiler: Compiler {
+                requests: Mutex::new(tx),
+                pending: Mutex::new(HashSet::new()),
+                ready,
+            },
+        })
+    }
+
+    /// Ok when `build` is loaded; otherwise starts (or installs) it and says to skip this call.
+    fn ensure_program(&self, build: &KernelBuild, capturing: bool) -> Result<(), Skip> {
+        if self.checker.registry().loaded(build).is_some() {
+            return Ok(());
+        }
+        let done = self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).remove(build);
+        match done {
+            Some(Ok(image)) if !capturing => {
+                self.checker
+                    .registry()
+                    .install(self.runtime.as_ref(), build, &image)
+                    .map_err(|e| Skip::new(format!("kernel load failed: {}", short(&e.to_string()))))?;
+                Ok(())
+            }
+            Some(Ok(image)) => {
+                // Module loads wait for a call outside the capture.
+                self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(build.clone(), Ok(image));
+                Err(Skip::new("graph capture: kernels not loaded before the capture"))
+            }
+            Some(Err(e)) => {
+                // Keep the failure: every later call of this build skips with it.
+                self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(build.clone(), Err(e.clone()));
+                Err(Skip::new("kernel compile failed"))
+            }
+            None => {
+                let mut pending = self.compiler.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.insert(build.clone()) {
+                    let _ = self.compiler.requests.lock().unwrap_or_else(|e| e.into_inner()).send(build.clone());
+                }
+                Err(Skip::new("warming up: kernels compiling"))
+            }
+        }
+    }
+
+    fn ordinal_of(&self, site_id: u64) -> u32 {
+        self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).get(&site_id).copied().unwrap_or(u32::MAX)
+    }
+
+    fn sketch(&self, req: &CheckRequest, g: &QsGemmDesc, stream: Stream, capturing: bool) -> Result<(), Skip> {
+        let p = &req.call.problem;
+        let (a, b, d) = (p.a.format, p.b.format, p.d.format);
+        if !p.epilogue.is_linear() {
+            return Err(Skip::new("sketch: non-linear epilogue (use rows mode)"));
+        }
+        let build = KernelBuild::sketch(a, b, d).map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        self.ensure_program(&build, capturing)?;
+        let total_rows = g.total_rows();
+        let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let site = match sites.get_mut(&req.site_id) {
+            Some(s) => s,
+            None if capturing => return Err(Skip::new("graph capture: site not set up before the capture")),
+            None => {
+                let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
+                sites.entry(req.site_id).or_insert(SiteGpu {
+                    weight_ptr: req.call.buffers.b,
+                    weight: None,
+                    sketch_scratch: HashMap::new(),
+                    epoch,
+                    rows_state: HashMap::new(),
+                })
+            }
+        };
+        if site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
+            if capturing {
+                return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            let w = self
+                .checker
+                .sketch_weight_on(g, a, d, req.sketch.seed, req.sketch.probes, stream)
+                .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
+            site.weight = Some(w);
+            site.weight_ptr = req.call.buffers.b;
+        }
+        let key = (stream.0, sample.count);
+        if !site.sketch_scratch.contains_key(&key) {
+            if capturing {
+                return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            let scratch = self
+                .checker
+                .sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)
+                .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
+            site.sketch_scratch.insert(key, scratch);
+        }
+        let weight = site.weight.as_ref().expect("set above");
+        let scratch = &site.sketch_scratch[&key];
+        let rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
+        let prepared = self
+            .checker
+            .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq))
+            .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
+        self.checker
+            .launch_prepared(&prepared, stream)
+            .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))
+    }
+
+    fn rows_or_full(
+        &self,
+        req: &CheckRequest,
+        g: &QsGemmDesc,
+        stream: Stream,
+        capturing: bool,
+    ) -> Result<(), Skip> {
+        let p = &req.call.problem;
+        let gemm = KernelBuild::gemm_ref(p.a.format, p.b.format).map_err(|e| Skip::new(format!("reference: {e}")))?;
+        let cmp = KernelBuild::compare(p.d.format).map_err(|e| Skip::new(format!("compare: {e}")))?;
+        self.ensure_program(&gemm, capturing)?;
+        self.ensure_program(&cmp, capturing)?;
+        let total_rows = g.total_rows();
+        let full = req.mode == CheckMode::Full;
+        let per_call = if full { total_rows } else { req.rows_per_call };
+        let sample = RowSample::new(crate::rng::mix64(req.sketch.seed ^ 0x7e57), total_rows, per_call);
+        let logits = req.logits_topk.is_some();
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let site = match sites.get_mut(&req.site_id) {
+            Some(s) => s,
+            None if capturing => return Err(Skip::new("graph capture: site not set up before the capture")),
+            None => {
+                let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
+                sites.entry(req.site_id).or_insert(SiteGpu {
+                    weight_ptr: req.call.buffers.b,
+                    weight: None,
+                    sketch_scratch: HashMap::new(),
+                    epoch,
+                    rows_state: HashMap::new(),
+                })
+            }
+        };
+        let key = (stream.0, sample.count, logits);
+        if !site.rows_state.contains_key(&key) {
+            if capturing {
+                return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            let bytes = (sample.count as usize).saturating_mul(g.n as usize).saturating_mul(4);
+            let reference = self
+                .checker
+                .alloc(bytes)
+                .map_err(|e| Skip::new(format!("{} reference: {}", req.mode.name(), pool_reason(&e))))?;
+            let compare = self
+                .checker
+                .compare_scratch(sample.count, g.n, logits)
+                .map_err(|e| Skip::new(format!("compare set-up: {}", pool_reason(&e))))?;
+            site.rows_state.insert(key, RowsState { reference, compare });
+        }
+        let state = &site.rows_state[&key];
+        // The reference reads the epoch; the compare (last kernel of the check) advances it.
+        let ref_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, false);
+        let cmp_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
+        self.checker
+            .reference_sel(g, ref_rows, &state.reference, g.n, true, stream)
+            .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
+        let request = CompareRequest {
+            d: g.d,
+            m: g.m,
+            n: g.n,
+            rows: cmp_rows,
+            reference: state.reference.ptr,
+            ref_ld: g.n,
+            logits_topk: req.logits_topk,
+            kind: if full { abi::CHECK_FULL } else { abi::CHECK_ROWS },
+            tag: (req.site_id, req.call_seq),
+        };
+        let prepared = self
+            .checker
+            .prepare_compare(&request, &state.compare)
+            .map_err(|e| Skip::new(format!("compare: {}", short(&e.to_string()))))?;
+        self.checker
+            .launch_prepared(&prepared, stream)
+            .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))
+    }
+}
+
+/// Error text without addresses or sizes (skip reasons are counted per string).
+fn short(s: &str) -> String {
+    s.split([':', '(']).next().unwrap_or(s).trim().to_string()
+}
+
+fn pool_reason(e: &crate::device::DeviceError) -> String {
+    let s = e.to_string();
+    if s.contains("device pool") {
+        "device pool exhausted (raise QUANTSHADOW_POOL_MB)".into()
+    } else {
+        short(&s)
+    }
+}
+
+impl Backend for GpuBackend {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn device(&self) -> (String, String) {
+        (self.checker.info.name.clone(), self.checker.info.arch.clone())
+    }
+
+    fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {
+        let p = &req.call.problem;
+        // C read after the call would be D's new contents.
+        if p.c.is_some() && req.call.buffers.c == req.call.buffers.d && p.beta != crate::problem::Scalar::Host(0.0) {
+            return Err(Skip::new("D aliases C with beta != 0 (in-place accumulate)"));
+        }
+        if req.call.pointer_arrays.is_some() {
+            return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
+        }
+        Ok(PreCall::default())
+    }
+
+    fn after_call(&self, req: &CheckRequest, _pre: PreCall) -> Result<(), Skip> {
+        let stream = Stream(req.call.stream);
+        let capturing = self
+            .runtime
+            .is_capturing(stream)
+            .map_err(|e| Skip::new(format!("stream capture query: {}", short(&e.to_string()))))?;
+        let g = QsGemmDesc::from_problem(&req.call.problem, &req.call.buffers)
+            .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))?;
+        self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).insert(req.site_id, req.site_ordinal);
+        match req.mode {
+            CheckMode::Sketch => self.sketch(req, &g, stream, capturing),
+            CheckMode::Rows | CheckMode::Full => self.rows_or_full(req, &g, stream, capturing),
+            CheckMode::Observe => Ok(()),
+        }
+    }
+
+    fn poll(&self, out: &mut Vec<Polled>) {
+        let mut ring = self.checker.ring.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(slot) = ring.poll() {
+            let site_ordinal = self.ordinal_of(slot.tag);
+            if !sketch::slot_is_valid(&slot) {
+                out.push(Polled::Failed { site_ordinal, reason: status_reason(slot.status) });
+                continue;
+            }
+            let mode = match slot.kind {
+                abi::CHECK_SKETCH => CheckMode::Sketch,
+                abi::CHECK_FULL => CheckMode::Full,
+                _ => CheckMode::Rows,
+            };
+            let (sketch_prod, sketch_ref) =
+                if mode == CheckMode::Sketch { sketch::slot_fingerprint(&slot) } else { (vec![], vec![]) };
+            let mut f = 0;
+            if slot.status & abi::status::REF_NONFINITE != 0 {
+                f |= flags::REFERENCE_NONFINITE;
+            }
+            if mode != CheckMode::Full {
+                f |= flags::ROW_SAMPLE;
+            }
+            out.push(Polled::Done(Box::new(CheckOutcome {
+                site_ordinal,
+                site_id: slot.tag,
+                call_seq: slot.tag2,
+                mode,
+                metrics: sketch::slot_metrics(&slot),
+                rows_checked: slot.rows_checked,
+                sketch_seed: 0,
+                sketch_prod,
+                sketch_ref,
+                logits: sketch::slot_logits(&slot),
+                logits_rows: sketch::slot_logits_row(&slot).into_iter().collect(),
+                flags: f,
+            })));
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        self.checker.ring.lock().unwrap_or_else(|e| e.into_inner()).dropped()
+    }
+}
+
+fn status_reason(status: u32) -> String {
+    let s = abi::status::OUT_OF_BOUNDS;
+    if status & s != 0 {
+        "device check: index out of bounds".into()
+    } else if status & abi::status::BAD_DESCRIPTOR != 0 {
+        "device check: bad descriptor".into()
+    } else if status & abi::status::NONLINEAR != 0 {
+        "device check: non-linear epilogue in a sketch".into()
+    } else if status & abi::status::BAD_SCALAR != 0 {
+        "device check: d_scale zero or non-finite".into()
+    } else {
+        format!("device check: status {status:#x}")
+    }
+}
