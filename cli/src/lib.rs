@@ -7,6 +7,7 @@ pub mod collect;
 pub mod demo;
 pub mod fixture;
 pub mod report;
+pub mod run;
 pub mod selftest;
 
 /// Exit codes shared by every subcommand.

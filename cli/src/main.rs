@@ -1,5 +1,5 @@
 use clap::{Parser, Subcommand};
-use quantshadow_cli::{bench, collect, demo, exit, report, selftest};
+use quantshadow_cli::{bench, collect, demo, exit, report, run, selftest};
 use std::process::ExitCode;
 
 /// quantshadow: catch silent numerical bugs in quantized GEMMs inside a running engine.
@@ -16,6 +16,8 @@ enum Command {
     Collect(collect::Args),
     /// Turn one or more run files into a markdown pass/fail report.
     Report(report::Args),
+    /// Run a program under the shim and report on it: quantshadow run [OPTIONS] -- CMD ARGS...
+    Run(run::Args),
     /// Run the whole pipeline on a built-in example (no GPU needed).
     Demo(demo::Args),
     /// Measure the collector and the report on this machine.
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Collect(a) => collect::main(a),
         Command::Report(a) => report::main(a),
+        Command::Run(a) => run::main(a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Selftest(a) => selftest::main(a),

@@ -126,6 +126,9 @@ pub struct Config {
     pub pool_bytes: usize,
     /// `QUANTSHADOW_NAMES`: map file of weight pointer -> parameter name.
     pub names: Option<std::path::PathBuf>,
+    /// `QUANTSHADOW_COMPILE=sync`: the first call needing a kernel waits for its compile
+    /// (offline validation); default `async`: such calls are skipped until it is ready.
+    pub sync_compile: bool,
     /// Problems with the environment, logged once at start.
     pub warnings: Vec<String>,
 }
@@ -215,6 +218,17 @@ impl Config {
         let seed = number("QUANTSHADOW_SEED", 0x5eed, 0, u64::MAX);
         let pool_mib = number("QUANTSHADOW_POOL_MB", DEFAULT_POOL_MIB as u64, 16, 1 << 20) as usize;
         let names = parsed("QUANTSHADOW_NAMES").map(std::path::PathBuf::from);
+        let sync_compile = match parsed("QUANTSHADOW_COMPILE") {
+            None => false,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "sync" => true,
+                "async" => false,
+                _ => {
+                    bad.push(format!("QUANTSHADOW_COMPILE={v:?} is not sync or async; using async"));
+                    false
+                }
+            },
+        };
         warnings.append(&mut bad);
         Config {
             mode,
@@ -229,6 +243,7 @@ impl Config {
             seed,
             pool_bytes: pool_mib << 20,
             names,
+            sync_compile,
             warnings,
         }
     }
@@ -242,6 +257,7 @@ impl Config {
             ("sketch_rows".into(), self.sketch_rows.to_string()),
             ("rows".into(), self.check_rows.to_string()),
             ("seed".into(), self.seed.to_string()),
+            ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
         ]
     }
 }

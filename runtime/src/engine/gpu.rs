@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex};
 pub struct GpuSettings {
     pub pool_bytes: usize,
     pub ring_capacity: u32,
+    /// Compile missing kernels in the calling thread (blocking it) instead of in the background.
+    pub sync_compile: bool,
 }
 
 /// Whether a GPU runtime library is mapped into this process.
@@ -90,6 +92,7 @@ pub struct GpuBackend {
     /// site_id -> ordinal, for tagging results.
     ordinals: Mutex<HashMap<u64, u32>>,
     compiler: Compiler,
+    sync_compile: bool,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -135,6 +138,7 @@ impl GpuBackend {
                 pending: Mutex::new(HashSet::new()),
                 ready,
             },
+            sync_compile: s.sync_compile,
         })
     }
 
@@ -142,6 +146,13 @@ impl GpuBackend {
     fn ensure_program(&self, build: &KernelBuild, capturing: bool) -> Result<(), Skip> {
         if self.checker.registry().loaded(build).is_some() {
             return Ok(());
+        }
+        if self.sync_compile && !capturing {
+            return self
+                .checker
+                .program(build)
+                .map(|_| ())
+                .map_err(|e| Skip::new(format!("kernel compile failed: {}", short(&e.to_string()))));
         }
         let done = self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).remove(build);
         match done {

@@ -106,7 +106,8 @@ fn hostname() -> String {
 
 /// Picks the backend: CUDA when a CUDA context is current, else HIP, else the host.
 fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
-    let gpu_settings = gpu::GpuSettings { pool_bytes: config.pool_bytes, ring_capacity: 4096 };
+    let gpu_settings =
+        gpu::GpuSettings { pool_bytes: config.pool_bytes, ring_capacity: 4096, sync_compile: config.sync_compile };
     match config.device {
         DeviceChoice::Cuda => gpu::start_cuda(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
         DeviceChoice::Hip => gpu::start_hip(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# GPU verification of the shim (issue 4): run from the repo root on the GPU host with the
+# release artifacts in .gpu/main (quantshadow + libquantshadow.so). Logs and reports go to $OUT.
+#   tests/gpu/verify_shim.sh [ops] [llama] [overhead]
+set -uo pipefail
+export PATH=$PWD/.gpu/main:$PATH PYTHONUNBUFFERED=1
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/qscache} QUANTSHADOW_COMPILE=sync QUANTSHADOW_LOG=${QUANTSHADOW_LOG:-info}
+OUT=${OUT:-/tmp/qsout}
+mkdir -p "$OUT"
+steps=${*:-ops llama overhead}
+same() { python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+bad = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.endswith("tok_s")]
+print("identical" if not bad else f"DIFFERENT: {bad[:10]}")
+sys.exit(1 if bad else 0)
+PY
+}
+for step in $steps; do
+  case $step in
+  ops)
+    python3 tests/gpu/torch_ops.py "$OUT/ops_plain.json" >"$OUT/ops_plain.log" 2>&1
+    for mode in sketch rows; do
+      quantshadow run --mode "$mode" --label "torch-ops-$mode" --out "$OUT/ops_$mode" -- \
+        python3 tests/gpu/torch_ops.py "$OUT/ops_$mode.json" >"$OUT/ops_$mode.log" 2>&1
+      echo "ops $mode: run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_$mode.json")"
+    done
+    ;;
+  llama)
+    python3 tests/gpu/torch_llama.py "$OUT/llama_plain.json" >"$OUT/llama_plain.log" 2>&1
+    quantshadow run --label llama-bf16 --names "$OUT/names.json" --out "$OUT/llama_sketch" -- \
+      python3 tests/gpu/torch_llama.py "$OUT/llama_sketch.json" >"$OUT/llama_sketch.log" 2>&1
+    echo "llama sketch: run exit $?; tokens $(same "$OUT/llama_plain.json" "$OUT/llama_sketch.json")"
+    ;;
+  overhead)
+    python3 tests/gpu/torch_llama.py "$OUT/t_plain.json" --timing >"$OUT/t_plain.log" 2>&1
+    echo "no shim: $(tail -1 "$OUT/t_plain.log")"
+    for cfg in "off all" "observe all" "sketch all" "sketch 1/100"; do
+      set -- $cfg
+      tag="${1}_${2//\//_}"
+      QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
+        python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+      echo "$1 $2: $(tail -1 "$OUT/t_$tag.log")"
+    done
+    ;;
+  esac
+done
