@@ -77,7 +77,7 @@ impl Sampling {
         if n < self.first {
             return true;
         }
-        self.every != 0 && (n - self.first) % self.every == 0
+        self.every != 0 && (n - self.first).is_multiple_of(self.every)
     }
 
     pub fn describe(&self) -> String {

@@ -78,10 +78,13 @@ struct RowsState {
     compare: crate::device::gpu::CompareScratch,
 }
 
+/// Finished compiles: the device image, or why it failed.
+type CompiledImages = Arc<Mutex<HashMap<KernelBuild, Result<Vec<u8>, String>>>>;
+
 struct Compiler {
     requests: Mutex<mpsc::Sender<KernelBuild>>,
     pending: Mutex<HashSet<KernelBuild>>,
-    ready: Arc<Mutex<HashMap<KernelBuild, Result<Vec<u8>, String>>>>,
+    ready: CompiledImages,
 }
 
 pub struct GpuBackend {
@@ -105,7 +108,7 @@ impl GpuBackend {
         let pool = DevicePool::reserve(runtime.clone(), s.pool_bytes).map_err(err)?;
         let checker = Arc::new(checker.with_pool(pool));
         let (tx, rx) = mpsc::channel::<KernelBuild>();
-        let ready: Arc<Mutex<HashMap<KernelBuild, Result<Vec<u8>, String>>>> = Arc::default();
+        let ready: CompiledImages = Arc::default();
         {
             let (checker, runtime, ready) = (checker.clone(), runtime.clone(), ready.clone());
             std::thread::Builder::new()
@@ -224,6 +227,7 @@ impl GpuBackend {
             site.weight_ptr = req.call.buffers.b;
         }
         let key = (stream.0, sample.count);
+        #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_scratch.contains_key(&key) {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
@@ -279,6 +283,7 @@ impl GpuBackend {
             }
         };
         let key = (stream.0, sample.count, logits);
+        #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.rows_state.contains_key(&key) {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
