@@ -71,6 +71,8 @@ struct SiteGpu {
     epoch: DeviceBuffer,
     /// Rows/full: reference rows (f32) and compare scratch per (stream, rows, logits).
     rows_state: HashMap<(u64, u64, bool), RowsState>,
+    /// Copies of C taken before calls that accumulate into it in place, per (stream, bytes).
+    c_copies: HashMap<(u64, usize), DeviceBuffer>,
 }
 
 struct RowsState {
@@ -186,6 +188,33 @@ impl GpuBackend {
         }
     }
 
+    /// The site's device state, created on its first non-capturing call.
+    fn site_state<'a>(
+        &self,
+        sites: &'a mut HashMap<u64, SiteGpu>,
+        req: &CheckRequest,
+        capturing: bool,
+    ) -> Result<&'a mut SiteGpu, Skip> {
+        if !sites.contains_key(&req.site_id) {
+            if capturing {
+                return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
+            sites.insert(
+                req.site_id,
+                SiteGpu {
+                    weight_ptr: req.call.buffers.b,
+                    weight: None,
+                    sketch_scratch: HashMap::new(),
+                    epoch,
+                    rows_state: HashMap::new(),
+                    c_copies: HashMap::new(),
+                },
+            );
+        }
+        Ok(sites.get_mut(&req.site_id).expect("inserted above"))
+    }
+
     fn ordinal_of(&self, site_id: u64) -> u32 {
         self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).get(&site_id).copied().unwrap_or(u32::MAX)
     }
@@ -201,20 +230,7 @@ impl GpuBackend {
         let total_rows = g.total_rows();
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
-        let site = match sites.get_mut(&req.site_id) {
-            Some(s) => s,
-            None if capturing => return Err(Skip::new("graph capture: site not set up before the capture")),
-            None => {
-                let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
-                sites.entry(req.site_id).or_insert(SiteGpu {
-                    weight_ptr: req.call.buffers.b,
-                    weight: None,
-                    sketch_scratch: HashMap::new(),
-                    epoch,
-                    rows_state: HashMap::new(),
-                })
-            }
-        };
+        let site = self.site_state(&mut sites, req, capturing)?;
         if site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
@@ -268,20 +284,7 @@ impl GpuBackend {
         let sample = RowSample::new(crate::rng::mix64(req.sketch.seed ^ 0x7e57), total_rows, per_call);
         let logits = req.logits_topk.is_some();
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
-        let site = match sites.get_mut(&req.site_id) {
-            Some(s) => s,
-            None if capturing => return Err(Skip::new("graph capture: site not set up before the capture")),
-            None => {
-                let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
-                sites.entry(req.site_id).or_insert(SiteGpu {
-                    weight_ptr: req.call.buffers.b,
-                    weight: None,
-                    sketch_scratch: HashMap::new(),
-                    epoch,
-                    rows_state: HashMap::new(),
-                })
-            }
-        };
+        let site = self.site_state(&mut sites, req, capturing)?;
         let key = (stream.0, sample.count, logits);
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.rows_state.contains_key(&key) {
@@ -351,24 +354,54 @@ impl Backend for GpuBackend {
     }
 
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {
-        let p = &req.call.problem;
-        // C read after the call would be D's new contents.
-        if p.c.is_some() && req.call.buffers.c == req.call.buffers.d && p.beta != crate::problem::Scalar::Host(0.0) {
-            return Err(Skip::new("D aliases C with beta != 0 (in-place accumulate)"));
-        }
         if req.call.pointer_arrays.is_some() {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
-        Ok(PreCall::default())
+        let p = &req.call.problem;
+        let in_place = p.c.is_some()
+            && req.call.buffers.c == req.call.buffers.d
+            && p.beta != crate::problem::Scalar::Host(0.0);
+        if !in_place {
+            return Ok(PreCall::default());
+        }
+        // The call overwrites C with D: copy C first (on the call's stream, so the copy is
+        // ordered before the call and is recorded into a capture like the check itself).
+        let stream = Stream(req.call.stream);
+        let c = p.c.as_ref().expect("in_place implies C");
+        let bytes = c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize);
+        let capturing = self
+            .runtime
+            .is_capturing(stream)
+            .map_err(|e| Skip::new(format!("stream capture query: {}", short(&e.to_string()))))?;
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let site = self.site_state(&mut sites, req, capturing)?;
+        let key = (stream.0, bytes);
+        #[allow(clippy::map_entry)] // the set-up may bail out before inserting
+        if !site.c_copies.contains_key(&key) {
+            if capturing {
+                return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            let buf = self.checker.alloc(bytes).map_err(|e| Skip::new(format!("copy of C: {}", pool_reason(&e))))?;
+            site.c_copies.insert(key, buf);
+        }
+        let copy = site.c_copies[&key].ptr;
+        self.runtime
+            .copy_async(copy, req.call.buffers.c, bytes, stream)
+            .map_err(|e| Skip::new(format!("copy of C: {}", short(&e.to_string()))))?;
+        Ok(PreCall(Some(Box::new(copy))))
     }
 
-    fn after_call(&self, req: &CheckRequest, _pre: PreCall) -> Result<(), Skip> {
+    fn after_call(&self, req: &CheckRequest, pre: PreCall) -> Result<(), Skip> {
         let stream = Stream(req.call.stream);
         let capturing = self
             .runtime
             .is_capturing(stream)
             .map_err(|e| Skip::new(format!("stream capture query: {}", short(&e.to_string()))))?;
-        let g = QsGemmDesc::from_problem(&req.call.problem, &req.call.buffers)
+        let mut buffers = req.call.buffers;
+        if let Some(copy) = pre.0.and_then(|b| b.downcast::<u64>().ok()) {
+            buffers.c = *copy;
+        }
+        let g = QsGemmDesc::from_problem(&req.call.problem, &buffers)
             .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))?;
         self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).insert(req.site_id, req.site_ordinal);
         match req.mode {
