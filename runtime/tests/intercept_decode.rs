@@ -65,11 +65,19 @@ struct FakeLt {
     version: LibVersion,
     attrs: RefCell<HashMap<(u64, i32), Vec<u8>>>,
     reads: RefCell<usize>,
+    /// (object, id) whose getter fails.
+    fail: RefCell<Option<(u64, i32)>>,
 }
 
 impl FakeLt {
     fn new(lt: Lt, version: LibVersion) -> FakeLt {
-        FakeLt { lt, version, attrs: RefCell::new(HashMap::new()), reads: RefCell::new(0) }
+        FakeLt {
+            lt,
+            version,
+            attrs: RefCell::new(HashMap::new()),
+            reads: RefCell::new(0),
+            fail: RefCell::new(None),
+        }
     }
 
     fn put(&self, obj: u64, id: i32, ty: AttrValue, v: i64) {
@@ -140,6 +148,9 @@ impl FakeLt {
 
     fn get(&self, obj: *mut c_void, id: i32, buf: &mut [u8]) -> Result<(), Skip> {
         *self.reads.borrow_mut() += 1;
+        if *self.fail.borrow() == Some((obj as u64, id)) {
+            return Err(Skip::new("fake: getter failed"));
+        }
         buf.fill(0);
         if let Some(v) = self.attrs.borrow().get(&(obj as u64, id)) {
             assert_eq!(v.len(), buf.len(), "attribute {id} read with another size than written");
@@ -1017,6 +1028,117 @@ fn cublaslt_skips() {
         .decode_with(&old)
         .unwrap_err();
     assert_eq!(err.0, "cublasLt: A scale mode CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F not supported");
+}
+
+/// A getter that fails is a skip naming the attribute (so a real-library run shows which one).
+#[test]
+fn cublaslt_failing_getter_names_the_attribute() {
+    let (f, a, b, d, _) = scaled_mm_setup(&mut SplitMix64::new(20), V13_1);
+    let id = vendor::cublaslt::CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR;
+    *f.fail.borrow_mut() = Some((DESC, id));
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let args = lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &beta as *const f32 as _);
+    assert_eq!(
+        args.decode_with(&f).unwrap_err().0,
+        "fake: getter failed for CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR"
+    );
+    *f.fail.borrow_mut() = Some((LA, vendor::cublaslt::CUBLASLT_MATRIX_LAYOUT_LD));
+    assert_eq!(args.decode_with(&f).unwrap_err().0, "fake: getter failed for CUBLASLT_MATRIX_LAYOUT_LD");
+    // The quick key survives a failing getter (it falls back to zeros).
+    *f.fail.borrow_mut() = Some((LA, vendor::cublaslt::CUBLASLT_MATRIX_LAYOUT_ROWS));
+    assert_eq!(args.quick_key_with(&f), args.quick_key_with(&f));
+}
+
+/// FP8 output: D scale and amax pointers are recorded; GELU_AUX_BIAS keeps D's activation.
+#[test]
+fn cublaslt_d_scale_amax_and_gelu_bias() {
+    let (f, a, b, d, _) = scaled_mm_setup(&mut SplitMix64::new(21), V13_1);
+    f.desc(DESC, MatmulDescAttr::DScalePointer, 0xD5);
+    f.desc(DESC, MatmulDescAttr::AmaxDPointer, 0xA3);
+    f.desc(DESC, MatmulDescAttr::Epilogue, vendor::cublaslt::CUBLASLT_EPILOGUE_GELU_AUX_BIAS as i64);
+    f.desc(DESC, MatmulDescAttr::BiasPointer, 0xB1);
+    f.desc(DESC, MatmulDescAttr::BiasDataType, vendor::data_type::CUDA_R_16BF as i64);
+    f.desc(DESC, MatmulDescAttr::EpilogueAuxPointer, 0xA0A0);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let g =
+        lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &beta as *const f32 as _).decode_with(&f).unwrap();
+    let p = &g.problem;
+    assert_eq!(p.d_scale, Some(Scalar::Device { ptr: 0xD5, format: Format::F32 }));
+    assert!(p.amax_d);
+    assert_eq!(g.buffers.amax_d, 0xA3);
+    assert_eq!(p.epilogue.activation, Activation::GeluTanh);
+    assert_eq!(p.epilogue.bias.unwrap().format, Format::Bf16);
+    assert_eq!(g.buffers.bias, 0xB1);
+}
+
+/// DeepSeek-style FP8 blocks through cuBLASLt 12.9+: the weight (vendor A) in 128x128 blocks,
+/// the activation (vendor B) in 1x128 blocks. The scale buffers are written here from the
+/// layouts PyTorch's `_scaled_mm` checks: A's `[ceil(m/128), ceil(k/128)]` with row stride
+/// `roundup(ceil(k/128), 4)`, B's `[n, ceil(k/128)]` with strides `(1, roundup(n, 4))`.
+#[test]
+fn cublaslt_deepseek_block_scales() {
+    let mut rng = SplitMix64::new(22);
+    let (m, n, k) = (130u64, 3u64, 256u64);
+    let a = Mat::new(&mut rng, 0x1000, Format::E4m3fn, false, k, m, k, 1, 0);
+    let b = Mat::new(&mut rng, 0x2000, Format::E4m3fn, false, k, n, k, 1, 0);
+    let d = Mat::new(&mut rng, 0x3000, Format::Bf16, false, m, n, m, 1, 0);
+    let f = FakeLt::new(Lt::Cuda, V13_1);
+    f.new_desc(DESC, 68, 0);
+    f.desc(DESC, MatmulDescAttr::TransA, 1);
+    f.desc(DESC, MatmulDescAttr::AScalePointer, 0x5CA0);
+    f.desc(DESC, MatmulDescAttr::BScalePointer, 0x5CB0);
+    f.desc(
+        DESC,
+        MatmulDescAttr::AScaleMode,
+        vendor::cublaslt::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i64,
+    );
+    f.desc(
+        DESC,
+        MatmulDescAttr::BScaleMode,
+        vendor::cublaslt::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i64,
+    );
+    lt_layouts(&f, &a, &b, &d, &d);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let g =
+        lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &beta as *const f32 as _).decode_with(&f).unwrap();
+    assert_eq!(g.problem.b_scale.unwrap().granularity, ScaleGranularity::Block { outer: 128, inner: 128 });
+    assert_eq!(g.problem.a_scale.unwrap().granularity, ScaleGranularity::Block { outer: 1, inner: 128 });
+    let kb = k.div_ceil(128);
+    let a_blocks = |ob: u64, ib: u64| [0.5, 2.0, 4.0, 0.25][((ob * 3 + ib) % 4) as usize];
+    let b_blocks = |j: u64, ib: u64| [1.0, 0.5, 2.0][((j + ib) % 3) as usize];
+    let a_ld = kb.next_multiple_of(4);
+    let mut sa = vec![f64::NAN; (m.div_ceil(128) * a_ld) as usize];
+    for ob in 0..m.div_ceil(128) {
+        for ib in 0..kb {
+            sa[(ob * a_ld + ib) as usize] = a_blocks(ob, ib);
+        }
+    }
+    let b_ld = n.next_multiple_of(4);
+    let mut sb = vec![f64::NAN; (kb * b_ld) as usize];
+    for j in 0..n {
+        for ib in 0..kb {
+            sb[(ib * b_ld + j) as usize] = b_blocks(j, ib);
+        }
+    }
+    let want = naive(
+        Transpose::T,
+        Transpose::N,
+        (m, n, k, 1),
+        &a,
+        &b,
+        None,
+        (1.0, 0.0),
+        &|i, l| a_blocks(i / 128, l / 128),
+        &|l, j| b_blocks(j, l / 128),
+        None,
+    );
+    check_against_naive(
+        &g,
+        &[&a, &b, &d],
+        &[(0x5CA0, f32_bytes(&sa)), (0x5CB0, f32_bytes(&sb))],
+        DeviceScalarValues::default(),
+        &want,
+    );
 }
 
 // =============================================================================================

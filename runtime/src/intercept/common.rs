@@ -569,6 +569,7 @@ pub struct LtDialect {
     pub desc_value: fn(MatmulDescAttr) -> Option<AttrValue>,
     /// The value a must-be-default attribute must have; `None`: not checked (default unknown).
     pub default_of: fn(MatmulDescAttr) -> Option<i64>,
+    pub layout_table: &'static [Entry<LayoutAttr>],
     pub layout_id: fn(LibVersion, LayoutAttr) -> Option<i32>,
     pub layout_value: fn(LayoutAttr) -> Option<AttrValue>,
     pub transpose: fn(i32) -> Option<Transpose>,
@@ -636,7 +637,11 @@ impl LtReader<'_> {
     fn desc_by_id(&self, desc: *mut c_void, id: i32, ty: AttrValue) -> Result<i64, Skip> {
         let mut buf = [0u8; 8];
         let buf = &mut buf[..ty.bytes().min(8)];
-        self.q.desc_attr(desc, id, buf)?;
+        self.q.desc_attr(desc, id, buf).map_err(|e| {
+            let attr =
+                crate::vendor::lookup(self.d.desc_table, self.v, id as i64).map_or("?", |e| e.abi.name);
+            Skip::new(format!("{} for {attr}", e.0))
+        })?;
         Ok(value_of(ty, buf))
     }
 
@@ -652,7 +657,11 @@ impl LtReader<'_> {
         };
         let mut buf = [0u8; 8];
         let buf = &mut buf[..ty.bytes().min(8)];
-        self.q.layout_attr(layout, id, buf)?;
+        self.q.layout_attr(layout, id, buf).map_err(|e| {
+            let attr =
+                crate::vendor::lookup(self.d.layout_table, self.v, id as i64).map_or("?", |e| e.abi.name);
+            Skip::new(format!("{} for {attr}", e.0))
+        })?;
         Ok(Some(value_of(ty, buf)))
     }
 

@@ -14,7 +14,7 @@ use crate::vendor::cublaslt::{
     cublaslt_epilogue_name, cublaslt_scale_mode_name, cublaslt_scale_spec, cublaslt_version,
     desc_attribute_id, desc_attribute_value, epilogue_from_cublaslt, layout_attribute_id,
     layout_attribute_value, order_from_cublaslt, pointer_mode_from_cublaslt,
-    CUBLASLT_BATCH_MODE_POINTER_ARRAY, CUBLASLT_MATMUL_DESC_ATTRIBUTES,
+    CUBLASLT_BATCH_MODE_POINTER_ARRAY, CUBLASLT_MATMUL_DESC_ATTRIBUTES, CUBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
 };
 use crate::vendor::data_type::{cuda_data_type_name, format_from_cuda_data_type};
 use crate::vendor::{LibVersion, MatmulDescAttr};
@@ -35,6 +35,7 @@ pub static CUBLASLT: LtDialect = LtDialect {
         MatmulDescAttr::FillMode => Some(CUBLAS_FILL_MODE_FULL as i64),
         _ => Some(0),
     },
+    layout_table: CUBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
     layout_id: layout_attribute_id,
     layout_value: layout_attribute_value,
     transpose: transpose_from_cublas_operation,

@@ -20,7 +20,8 @@ use crate::vendor::hipblaslt::{
     desc_attribute_id, desc_attribute_value, epilogue_from_hipblaslt, hipblaslt_epilogue_name,
     hipblaslt_scale_mode_name, hipblaslt_version, layout_attribute_id, layout_attribute_value,
     order_from_hipblaslt, pointer_mode_from_hipblaslt, scale_granularity_from_hipblaslt_scale_mode,
-    HIPBLASLT_BATCH_MODE_POINTER_ARRAY, HIPBLASLT_MATMUL_DESC_ATTRIBUTES, SCALE_POINTER_VEC_EXT_MAPPING,
+    HIPBLASLT_BATCH_MODE_POINTER_ARRAY, HIPBLASLT_MATMUL_DESC_ATTRIBUTES, HIPBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
+    SCALE_POINTER_VEC_EXT_MAPPING,
 };
 use crate::vendor::{LibVersion, MatmulDescAttr};
 use std::collections::BTreeMap;
@@ -44,6 +45,7 @@ pub static HIPBLASLT: LtDialect = LtDialect {
         | MatmulDescAttr::EpilogueActArg1 => None,
         _ => Some(0),
     },
+    layout_table: HIPBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
     layout_id: layout_attribute_id,
     layout_value: layout_attribute_value,
     transpose: transpose_from_hipblas_operation,
