@@ -421,7 +421,17 @@ int main(void)
     P("rocblas_datatype_u32_c", rocblas_datatype_u32_c);
     P("rocblas_datatype_bf16_r", rocblas_datatype_bf16_r);
     P("rocblas_datatype_bf16_c", rocblas_datatype_bf16_c);
+    P("rocblas_datatype_f8_r", rocblas_datatype_f8_r);
+    P("rocblas_datatype_bf8_r", rocblas_datatype_bf8_r);
     P("rocblas_datatype_invalid", rocblas_datatype_invalid);
+
+    /* ROCBLAS_COMPUTETYPE: rocblas_computetype (rocblas/internal/rocblas-types.h) */
+    P("rocblas_compute_type_f32", rocblas_compute_type_f32);
+    P("rocblas_compute_type_f8_f8_f32", rocblas_compute_type_f8_f8_f32);
+    P("rocblas_compute_type_f8_bf8_f32", rocblas_compute_type_f8_bf8_f32);
+    P("rocblas_compute_type_bf8_f8_f32", rocblas_compute_type_bf8_f8_f32);
+    P("rocblas_compute_type_bf8_bf8_f32", rocblas_compute_type_bf8_bf8_f32);
+    P("rocblas_compute_type_invalid", rocblas_compute_type_invalid);
 
     /* ROCBLAS_POINTER_MODE: rocblas_pointer_mode (rocblas/internal/rocblas-types.h) */
     P("rocblas_pointer_mode_host", rocblas_pointer_mode_host);

@@ -1,16 +1,204 @@
 //! hipBLASLt: `hipblasLtMatmul`, and the compute/scale types learnt at descriptor creation.
+//!
+//! hipBLASLt's matmul descriptor has no compute-type or scale-type attribute: both are
+//! arguments of `hipblasLtMatmulDescCreate`, which is interposed to record them per descriptor
+//! in a bounded map (`hipblasLtMatmulDescDestroy` removes the entry). A descriptor that is not in
+//! the map (created before the interposer was active, inside another hook, or after the map
+//! filled up) is skipped rather than assumed f32: a wrong scale type would read alpha/beta
+//! with the wrong width and raise a false alarm, and a counted skip is the honest outcome.
+//! Everything else is [`common::decode_lt`] with hipBLASLt's numbering by `hipblasLtGetVersion`.
 
+use super::common::{self, lt_get_attr, LazyFn, LtCall, LtDialect, LtQueries};
 use super::hook::{hipblasLtMatmul, hipblasLtMatmulDescCreate, hipblasLtMatmulDescDestroy};
-use super::RealCall;
+use super::{GemmArgs, InterceptedGemm, RealCall, Skip};
+use crate::problem::ScaleSpec;
+use crate::vendor::data_type::{format_from_hip_data_type, hip_data_type_name};
+use crate::vendor::hipblas::{
+    compute_type_from_hipblas, hipblas_compute_type_name, transpose_from_hipblas_operation,
+};
+use crate::vendor::hipblaslt::{
+    desc_attribute_id, desc_attribute_value, epilogue_from_hipblaslt, hipblaslt_epilogue_name,
+    hipblaslt_scale_mode_name, hipblaslt_version, layout_attribute_id, layout_attribute_value,
+    order_from_hipblaslt, pointer_mode_from_hipblaslt, scale_granularity_from_hipblaslt_scale_mode,
+    HIPBLASLT_BATCH_MODE_POINTER_ARRAY, HIPBLASLT_MATMUL_DESC_ATTRIBUTES, HIPBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
+    SCALE_POINTER_VEC_EXT_MAPPING,
+};
+use crate::vendor::{LibVersion, MatmulDescAttr};
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// hipBLASLt's numbering and enums.
+pub static HIPBLASLT: LtDialect = LtDialect {
+    name: "hipblasLt",
+    desc_table: HIPBLASLT_MATMUL_DESC_ATTRIBUTES,
+    desc_id: desc_attribute_id,
+    desc_value: desc_attribute_value,
+    // The defaults of COMPUTE_INPUT_TYPE_A/B_EXT are not documented in the headers read, and
+    // the clamp bounds (EPILOGUE_ACT_ARG0/1_EXT) only act with the CLAMP epilogues, which are
+    // skipped: those are not checked. Everything else must-be-default is 0 / null.
+    default_of: |attr| match attr {
+        MatmulDescAttr::ComputeInputTypeA
+        | MatmulDescAttr::ComputeInputTypeB
+        | MatmulDescAttr::EpilogueActArg0
+        | MatmulDescAttr::EpilogueActArg1 => None,
+        _ => Some(0),
+    },
+    layout_table: HIPBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
+    layout_id: layout_attribute_id,
+    layout_value: layout_attribute_value,
+    transpose: transpose_from_hipblas_operation,
+    format: format_from_hip_data_type,
+    format_name: hip_data_type_name,
+    compute: compute_type_from_hipblas,
+    compute_name: hipblas_compute_type_name,
+    order: order_from_hipblaslt,
+    epilogue: epilogue_from_hipblaslt,
+    epilogue_name: hipblaslt_epilogue_name,
+    pointer_mode: pointer_mode_from_hipblaslt,
+    scale_spec: |v, mode, _outer, _k| {
+        scale_granularity_from_hipblaslt_scale_mode(v, mode)
+            .map(|(g, f, s)| ScaleSpec::new(g, f).with_storage(s))
+    },
+    scale_mode_name: hipblaslt_scale_mode_name,
+    vec_scale: Some(SCALE_POINTER_VEC_EXT_MAPPING),
+    batch_mode_pointer_array: HIPBLASLT_BATCH_MODE_POINTER_ARRAY as i64,
+};
+
+// ---- descriptor types learnt at creation ------------------------------------------------------
+
+/// Most descriptors tracked at once (PyTorch creates and destroys one per call; libraries that
+/// cache descriptors hold a few hundred).
+pub const DESC_MAP_CAP: usize = 4096;
+static DESC_TYPES: Mutex<BTreeMap<usize, (i32, i32)>> = Mutex::new(BTreeMap::new());
+/// Descriptors not recorded because the map was full.
+pub static DESC_MAP_OVERFLOW: AtomicU64 = AtomicU64::new(0);
+
+/// Records the (compute type, scale type) a descriptor was created with.
+pub fn record_desc(desc: *mut c_void, compute: i32, scale_type: i32) {
+    let mut map = DESC_TYPES.lock().unwrap_or_else(|e| e.into_inner());
+    if map.len() >= DESC_MAP_CAP && !map.contains_key(&(desc as usize)) {
+        DESC_MAP_OVERFLOW.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    map.insert(desc as usize, (compute, scale_type));
+}
+
+/// Forgets a destroyed descriptor.
+pub fn forget_desc(desc: *mut c_void) {
+    DESC_TYPES.lock().unwrap_or_else(|e| e.into_inner()).remove(&(desc as usize));
+}
+
+/// The (compute type, scale type) `desc` was created with, if recorded.
+pub fn desc_types(desc: *mut c_void) -> Option<(i32, i32)> {
+    DESC_TYPES.lock().unwrap_or_else(|e| e.into_inner()).get(&(desc as usize)).copied()
+}
 
 pub fn matmul(args: &hipblasLtMatmul::Args, real: &RealCall) -> i32 {
     crate::engine::on_gemm(args, real)
 }
 
-pub fn desc_create(_args: &hipblasLtMatmulDescCreate::Args, real: &RealCall) -> i32 {
+pub fn desc_create(args: &hipblasLtMatmulDescCreate::Args, real: &RealCall) -> i32 {
+    let status = real.call();
+    if status == 0 && !args.desc_out.is_null() {
+        // SAFETY: the real call succeeded, so it wrote the new descriptor to the caller's
+        // out-pointer, which it dereferenced itself.
+        let desc = unsafe { args.desc_out.read() };
+        record_desc(desc, args.compute, args.scale_type);
+    }
+    status
+}
+
+pub fn desc_destroy(args: &hipblasLtMatmulDescDestroy::Args, real: &RealCall) -> i32 {
+    forget_desc(args.desc);
     real.call()
 }
 
-pub fn desc_destroy(_args: &hipblasLtMatmulDescDestroy::Args, real: &RealCall) -> i32 {
-    real.call()
+// ---- real queries -----------------------------------------------------------------------------
+
+static GET_VERSION: LazyFn = LazyFn::new(c"hipblasLtGetVersion");
+static DESC_GET: LazyFn = LazyFn::new(c"hipblasLtMatmulDescGetAttribute");
+static LAYOUT_GET: LazyFn = LazyFn::new(c"hipblasLtMatrixLayoutGetAttribute");
+/// `hipblasLtGetVersion` once read (-1: not yet; one hipBLASLt per process).
+static VERSION_RAW: AtomicI64 = AtomicI64::new(-1);
+
+/// The real hipBLASLt getters.
+pub struct HipblasLtReal;
+
+impl LtQueries for HipblasLtReal {
+    // The handle is the intercepted call's own, passed to the vendor getter as the vendor
+    // itself will receive it for the real call.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    fn version(&self, handle: *mut c_void) -> Result<LibVersion, Skip> {
+        let mut raw = VERSION_RAW.load(Ordering::Relaxed);
+        if raw < 0 {
+            let p = GET_VERSION.get().ok_or_else(|| Skip::new("hipblasLt: hipblasLtGetVersion not found"))?;
+            let mut v: i32 = -1;
+            // SAFETY: `hipblasStatus_t hipblasLtGetVersion(hipblasLtHandle_t, int*)`, with the
+            // caller's live handle.
+            let status = unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut i32) -> i32>(p)(
+                    handle, &mut v,
+                )
+            };
+            if status != 0 || v < 0 {
+                return Err(Skip::new("hipblasLt: hipblasLtGetVersion failed"));
+            }
+            raw = v as i64;
+            VERSION_RAW.store(raw, Ordering::Relaxed);
+        }
+        hipblaslt_version(raw as i32).ok_or_else(|| Skip::new("hipblasLt: library version not supported"))
+    }
+    fn desc_attr(&self, desc: *mut c_void, id: i32, buf: &mut [u8]) -> Result<(), Skip> {
+        lt_get_attr(&DESC_GET, desc, id, buf)
+            .map_err(|()| Skip::new("hipblasLt: hipblasLtMatmulDescGetAttribute failed"))
+    }
+    fn layout_attr(&self, layout: *mut c_void, id: i32, buf: &mut [u8]) -> Result<(), Skip> {
+        lt_get_attr(&LAYOUT_GET, layout, id, buf)
+            .map_err(|()| Skip::new("hipblasLt: hipblasLtMatrixLayoutGetAttribute failed"))
+    }
+}
+
+impl hipblasLtMatmul::Args {
+    pub fn lt_call(&self) -> LtCall {
+        LtCall {
+            handle: self.handle,
+            desc: self.desc,
+            alpha: self.alpha,
+            a: self.a,
+            a_desc: self.a_desc,
+            b: self.b,
+            b_desc: self.b_desc,
+            beta: self.beta,
+            c: self.c,
+            c_desc: self.c_desc,
+            d: self.d,
+            d_desc: self.d_desc,
+            stream: self.stream,
+        }
+    }
+
+    /// [`GemmArgs::decode`] over the given queries (compute/scale types from the map).
+    pub fn decode_with(&self, q: &dyn LtQueries) -> Result<InterceptedGemm, Skip> {
+        let types = desc_types(self.desc).ok_or_else(|| {
+            Skip::new("hipblasLt: descriptor not seen at creation (compute and scale type unknown)")
+        })?;
+        common::decode_lt(hipblasLtMatmul::NAME, &HIPBLASLT, &self.lt_call(), q, Some(types))
+    }
+
+    /// [`GemmArgs::quick_key`] over the given queries.
+    pub fn quick_key_with(&self, q: &dyn LtQueries) -> u64 {
+        common::lt_key(hipblasLtMatmul::NAME, &HIPBLASLT, &self.lt_call(), q)
+    }
+}
+
+impl GemmArgs for hipblasLtMatmul::Args {
+    const ENTRY: &'static str = hipblasLtMatmul::NAME;
+    fn quick_key(&self) -> u64 {
+        self.quick_key_with(&HipblasLtReal)
+    }
+    fn decode(&self) -> Result<InterceptedGemm, Skip> {
+        self.decode_with(&HipblasLtReal)
+    }
 }

@@ -14,6 +14,7 @@ use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
+pub mod common;
 pub mod cublas;
 pub mod cublaslt;
 pub mod hipblas;
@@ -22,7 +23,6 @@ pub mod hipblaslt;
 pub mod hooks;
 pub mod resolve;
 pub mod rocblas;
-mod pending;
 
 use crate::problem::{GemmBuffers, GemmProblem};
 

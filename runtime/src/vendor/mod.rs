@@ -396,6 +396,7 @@ pub fn side_tables(side: Side) -> Vec<(&'static str, Vec<&'static AbiConst>)> {
             t("ROCBLAS_STATUS", rocblas::ROCBLAS_STATUS),
             t("ROCBLAS_OPERATION", rocblas::ROCBLAS_OPERATION),
             t("ROCBLAS_DATATYPE", rocblas::ROCBLAS_DATATYPE),
+            t("ROCBLAS_COMPUTETYPE", rocblas::ROCBLAS_COMPUTETYPE),
             t("ROCBLAS_POINTER_MODE", rocblas::ROCBLAS_POINTER_MODE),
             t("ROCBLAS_GEMM_ALGO", rocblas::ROCBLAS_GEMM_ALGO),
             t("ROCBLAS_GEMM_FLAGS", rocblas::ROCBLAS_GEMM_FLAGS),

@@ -9,7 +9,7 @@
 
 use super::{abi_table, lookup_any, VersionRange};
 use crate::formats::Format;
-use crate::problem::Transpose;
+use crate::problem::{ComputeType, Transpose};
 
 abi_table! {
     /// `rocblas_status` values an interposer returns or tests.
@@ -57,7 +57,29 @@ abi_table! {
         rocblas_datatype_u32_c = 167 => None,
         rocblas_datatype_bf16_r = 168 => Some(Format::Bf16),
         rocblas_datatype_bf16_c = 169 => None,
+        /// `rocblas_f8`, only accepted by `rocblas_gemm_ex3`: rocBLAS's float8 is AMD's
+        /// "NANOO" variant (gfx942, bias 8, 0x80 is NaN), i.e. E4M3 FNUZ. Not verified on an
+        /// AMD host.
+        rocblas_datatype_f8_r = 170 => Some(Format::E4m3fnuz),
+        /// `rocblas_bf8`: E5M2 FNUZ (see `rocblas_datatype_f8_r`).
+        rocblas_datatype_bf8_r = 171 => Some(Format::E5m2fnuz),
         rocblas_datatype_invalid = 255 => None,
+    };
+}
+
+abi_table! {
+    /// `rocblas_computetype`: the compute type of `rocblas_gemm_ex3`. The FP8 ones name the
+    /// types A and B are converted to before the multiply (f8 = E4M3 FNUZ, bf8 = E5M2 FNUZ)
+    /// and accumulate in f32; with A and B already of those types nothing is converted.
+    pub const ROCBLAS_COMPUTETYPE: [i32 => Option<(Format, Format)>] = {
+        enum: "rocblas_computetype", library: RocBlas, header: "rocblas/internal/rocblas-types.h";
+        /// f32 accumulation, inputs used as given: the (A, B) pair is irrelevant.
+        rocblas_compute_type_f32 = 300 => None,
+        rocblas_compute_type_f8_f8_f32 = 301 => Some((Format::E4m3fnuz, Format::E4m3fnuz)),
+        rocblas_compute_type_f8_bf8_f32 = 302 => Some((Format::E4m3fnuz, Format::E5m2fnuz)),
+        rocblas_compute_type_bf8_f8_f32 = 303 => Some((Format::E5m2fnuz, Format::E4m3fnuz)),
+        rocblas_compute_type_bf8_bf8_f32 = 304 => Some((Format::E5m2fnuz, Format::E5m2fnuz)),
+        rocblas_compute_type_invalid = 455 => None,
     };
 }
 
@@ -101,6 +123,35 @@ pub fn transpose_from_rocblas_operation(value: i32) -> Option<Transpose> {
 /// `rocblas_datatype` -> element format; `None` for complex, f64, unsigned and unknown values.
 pub fn format_from_rocblas_datatype(value: i32) -> Option<Format> {
     lookup_any(ROCBLAS_DATATYPE, value as i64).and_then(|e| e.meaning)
+}
+
+/// Compute type of a `rocblas_gemm_ex` call (a `rocblas_datatype`): alpha and beta have this
+/// type too. `None` for types that are not compute types quantshadow models.
+#[allow(non_upper_case_globals)]
+pub fn compute_type_from_rocblas_datatype(value: i32) -> Option<ComputeType> {
+    match value {
+        rocblas_datatype_f16_r => Some(ComputeType::F16),
+        rocblas_datatype_f32_r => Some(ComputeType::F32),
+        rocblas_datatype_f64_r => Some(ComputeType::F64),
+        rocblas_datatype_i32_r => Some(ComputeType::I32),
+        _ => None,
+    }
+}
+
+/// What a `rocblas_computetype` means for A and B: `Ok(None)` for f32 compute on the inputs as
+/// given, `Ok(Some((a, b)))` for the FP8 compute types (the formats A and B are multiplied in),
+/// `Err(())` for invalid or unknown values.
+#[allow(clippy::result_unit_err)]
+pub fn rocblas_computetype_inputs(value: i32) -> Result<Option<(Format, Format)>, ()> {
+    match lookup_any(ROCBLAS_COMPUTETYPE, value as i64) {
+        Some(e) if value != rocblas_compute_type_invalid => Ok(e.meaning),
+        _ => Err(()),
+    }
+}
+
+/// Name of a `rocblas_computetype` value for logs and skip reasons.
+pub fn rocblas_computetype_name(value: i32) -> &'static str {
+    lookup_any(ROCBLAS_COMPUTETYPE, value as i64).map_or("<unknown rocblas_computetype>", |e| e.abi.name)
 }
 
 /// Name of a `rocblas_datatype` value for logs and skip reasons.
