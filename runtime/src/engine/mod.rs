@@ -1,6 +1,7 @@
 //! The shadow engine: configuration, sampling, sites, the check backends and the poller.
 
 pub mod backend;
+pub mod host;
 
 use crate::intercept::{GemmArgs, RealCall};
 

@@ -13,7 +13,10 @@ pub fn gemm_strided_batched_ex(args: &super::hook::cublasGemmStridedBatchedEx::A
     crate::engine::on_gemm(args, real)
 }
 
-pub fn gemm_strided_batched_ex_64(args: &super::hook::cublasGemmStridedBatchedEx_64::Args, real: &RealCall) -> i32 {
+pub fn gemm_strided_batched_ex_64(
+    args: &super::hook::cublasGemmStridedBatchedEx_64::Args,
+    real: &RealCall,
+) -> i32 {
     crate::engine::on_gemm(args, real)
 }
 
@@ -45,7 +48,10 @@ pub fn sgemm_strided_batched(args: &super::hook::cublasSgemmStridedBatched::Args
     crate::engine::on_gemm(args, real)
 }
 
-pub fn sgemm_strided_batched_64(args: &super::hook::cublasSgemmStridedBatched_64::Args, real: &RealCall) -> i32 {
+pub fn sgemm_strided_batched_64(
+    args: &super::hook::cublasSgemmStridedBatched_64::Args,
+    real: &RealCall,
+) -> i32 {
     crate::engine::on_gemm(args, real)
 }
 
@@ -53,6 +59,9 @@ pub fn hgemm_strided_batched(args: &super::hook::cublasHgemmStridedBatched::Args
     crate::engine::on_gemm(args, real)
 }
 
-pub fn hgemm_strided_batched_64(args: &super::hook::cublasHgemmStridedBatched_64::Args, real: &RealCall) -> i32 {
+pub fn hgemm_strided_batched_64(
+    args: &super::hook::cublasHgemmStridedBatched_64::Args,
+    real: &RealCall,
+) -> i32 {
     crate::engine::on_gemm(args, real)
 }

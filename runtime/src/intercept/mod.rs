@@ -20,9 +20,9 @@ pub mod hipblas;
 pub mod hipblaslt;
 #[macro_use]
 pub mod hooks;
+mod pending;
 pub mod resolve;
 pub mod rocblas;
-mod pending;
 
 use crate::problem::{GemmBuffers, GemmProblem};
 

@@ -5,7 +5,10 @@ pub fn gemm_ex(args: &super::hook::rocblas_gemm_ex::Args, real: &RealCall) -> i3
     crate::engine::on_gemm(args, real)
 }
 
-pub fn gemm_strided_batched_ex(args: &super::hook::rocblas_gemm_strided_batched_ex::Args, real: &RealCall) -> i32 {
+pub fn gemm_strided_batched_ex(
+    args: &super::hook::rocblas_gemm_strided_batched_ex::Args,
+    real: &RealCall,
+) -> i32 {
     crate::engine::on_gemm(args, real)
 }
 
