@@ -2,7 +2,12 @@
 //! position-independent objects that become
 //! - a static library linked into this package, for the safe wrapper `cli/src/fixture.rs`;
 //! - `libfixture_blas.so` in OUT_DIR, whose path is exported as `QUANTSHADOW_FIXTURE_BLAS`
-//!   so tests and host programs can dlopen the same code as a stand-alone vendor library.
+//!   so tests and host programs can dlopen the same code as a stand-alone vendor library;
+//! - `libfixture_vendor.so` (cuBLASLt/cuBLAS/hipBLASLt-shaped symbols over the core,
+//!   `QUANTSHADOW_FIXTURE_VENDOR`), `libfixture_app.so` (a small "model" with DT_NEEDED on it,
+//!   `QUANTSHADOW_FIXTURE_APP`) and the executable `fixture_host` that dlopens the app
+//!   RTLD_LOCAL like a Python extension module (`QUANTSHADOW_FIXTURE_HOST`). All four sit in
+//!   OUT_DIR and find each other through RUNPATH $ORIGIN.
 //!
 //! The C code is built with warnings as errors so a C mistake fails CI instead of scrolling by.
 
@@ -16,16 +21,93 @@ const CORE_SOURCES: &[&str] = &["tests/fixtures/fixture_blas_core.c"];
 /// Headers the sources include (listed so that editing one rebuilds).
 const CORE_HEADERS: &[&str] = &["tests/fixtures/fixture_blas_core.h"];
 const SHARED_LIBRARY: &str = "libfixture_blas.so";
+/// The vendor-shaped library, the app library and the host program (Linux only).
+const VENDOR_SOURCES: &[&str] = &["tests/fixtures/fixture_vendor.c"];
+const APP_SOURCES: &[&str] = &["tests/fixtures/fixture_app.c"];
+const HOST_SOURCES: &[&str] = &["tests/fixtures/fixture_host.c"];
+const VENDOR_HEADERS: &[&str] = &["tests/fixtures/fixture_vendor.h"];
+const VENDOR_LIBRARY: &str = "libfixture_vendor.so";
+const APP_LIBRARY: &str = "libfixture_app.so";
+const HOST_PROGRAM: &str = "fixture_host";
+/// Warnings added when the compiler knows them.
+const OPTIONAL_WARNINGS: &[&str] =
+    &["-Wpedantic", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Wcast-qual"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    for path in CORE_SOURCES.iter().chain(CORE_HEADERS) {
+    for path in CORE_SOURCES.iter().chain(CORE_HEADERS).chain(VENDOR_SOURCES).chain(APP_SOURCES) {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    for path in HOST_SOURCES.iter().chain(VENDOR_HEADERS) {
         println!("cargo:rerun-if-changed={path}");
     }
 
+    // Probe the optional warnings once (each probe runs the compiler).
+    let probe = c_build(CORE_SOURCES, &[]);
+    let warnings: Vec<&str> = OPTIONAL_WARNINGS
+        .iter()
+        .copied()
+        .filter(|flag| probe.is_flag_supported(flag).unwrap_or(false))
+        .collect();
+    let mut build = c_build(CORE_SOURCES, &warnings);
+    let objects = build.compile_intermediates();
+    let archive = build.create_archive("fixture_blas_core", &objects);
+    cc::emit_link_directives(&build, &archive);
+    // tanh and sqrt; std links libm on Linux already, but the archive should not rely on it.
+    println!("cargo:rustc-link-lib=m");
+
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let shared = out_dir.join(SHARED_LIBRARY);
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
+        // The shared libraries are LD_PRELOAD test vehicles: Linux only. Empty = not built.
+        println!("cargo:warning=the fixture shared libraries are only built for Linux targets");
+        for var in ["BLAS", "VENDOR", "APP", "HOST"] {
+            println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_{var}=");
+        }
+        return;
+    }
+    link(&build, &objects, &shared, &shared_args(SHARED_LIBRARY), &["-lm"]);
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_BLAS={}", shared.display());
+
+    // The vendor library carries its own copy of the core (no DT_NEEDED on libfixture_blas).
+    build = c_build(VENDOR_SOURCES, &warnings);
+    let mut vendor_objects = build.compile_intermediates();
+    vendor_objects.extend(objects.iter().cloned());
+    let vendor = out_dir.join(VENDOR_LIBRARY);
+    link(&build, &vendor_objects, &vendor, &shared_args(VENDOR_LIBRARY), &["-lm", "-lpthread"]);
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_VENDOR={}", vendor.display());
+
+    // The app calls the vendor symbols through its PLT (DT_NEEDED libfixture_vendor.so).
+    build = c_build(APP_SOURCES, &warnings);
+    let app_objects = build.compile_intermediates();
+    let app = out_dir.join(APP_LIBRARY);
+    let search = format!("-L{}", out_dir.display());
+    link(&build, &app_objects, &app, &shared_args(APP_LIBRARY), &[&search, "-lfixture_vendor", "-lpthread"]);
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_APP={}", app.display());
+
+    build = c_build(HOST_SOURCES, &warnings);
+    let host_objects = build.compile_intermediates();
+    let host = out_dir.join(HOST_PROGRAM);
+    link(&build, &host_objects, &host, &["-Wl,-rpath,$ORIGIN".to_string()], &["-ldl"]);
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_HOST={}", host.display());
+}
+
+/// `-shared` with a soname, every symbol resolved at link time, RUNPATH $ORIGIN.
+fn shared_args(soname: &str) -> Vec<String> {
+    vec![
+        "-shared".into(),
+        format!("-Wl,-soname,{soname}"),
+        // Every symbol must resolve at link time: a dlopen that fails later is harder to read.
+        "-Wl,-z,defs".into(),
+        "-Wl,-rpath,$ORIGIN".into(),
+    ]
+}
+
+/// The common C settings of every fixture source.
+fn c_build(sources: &[&str], warnings: &[&str]) -> cc::Build {
     let mut build = cc::Build::new();
     build
-        .files(CORE_SOURCES)
+        .files(sources)
         .include(FIXTURE_DIR)
         .std("c11")
         // The fixture is the "production" GEMM of every CPU test and the demo: keep it fast
@@ -38,40 +120,18 @@ fn main() {
         .warnings_into_errors(true)
         // Only FIXTURE_API functions leave the shared library.
         .flag("-fvisibility=hidden");
-    for flag in ["-Wpedantic", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Wcast-qual"] {
-        build.flag_if_supported(flag);
+    for flag in warnings {
+        build.flag(flag);
     }
-
-    let objects = build.compile_intermediates();
-    let archive = build.create_archive("fixture_blas_core", &objects);
-    cc::emit_link_directives(&build, &archive);
-    // tanh and sqrt; std links libm on Linux already, but the archive should not rely on it.
-    println!("cargo:rustc-link-lib=m");
-
-    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let shared = out_dir.join(SHARED_LIBRARY);
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        link_shared(&build, &objects, &shared);
-        println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_BLAS={}", shared.display());
-    } else {
-        // The shared library is an LD_PRELOAD test vehicle: Linux only. Empty = not built.
-        println!("cargo:warning={SHARED_LIBRARY} is only built for Linux targets");
-        println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_BLAS=");
-    }
+    build
 }
 
-/// Links `objects` into a shared library with the compiler `cc` chose for the target.
-fn link_shared(build: &cc::Build, objects: &[PathBuf], output: &Path) {
+/// Links `objects` into `output` (a shared library or a program, by `args`) with the compiler
+/// `cc` chose for the target; `libs` come after the objects.
+fn link(build: &cc::Build, objects: &[PathBuf], output: &Path, args: &[String], libs: &[&str]) {
     let compiler = build.get_compiler();
     let mut cmd: Command = compiler.to_command();
-    cmd.arg("-shared")
-        .arg(format!("-Wl,-soname,{SHARED_LIBRARY}"))
-        // Every symbol must resolve at link time: a dlopen that fails later is harder to read.
-        .arg("-Wl,-z,defs")
-        .arg("-o")
-        .arg(output)
-        .args(objects)
-        .arg("-lm");
+    cmd.args(args).arg("-o").arg(output).args(objects).args(libs);
     let result = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     if !result.status.success() {
         panic!(

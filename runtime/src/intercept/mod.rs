@@ -21,6 +21,7 @@ pub mod hipblas;
 pub mod hipblaslt;
 #[macro_use]
 pub mod hooks;
+mod pending;
 pub mod resolve;
 pub mod rocblas;
 
