@@ -21,7 +21,6 @@ pub mod hipblas;
 pub mod hipblaslt;
 #[macro_use]
 pub mod hooks;
-mod pending;
 pub mod resolve;
 pub mod rocblas;
 
