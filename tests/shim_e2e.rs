@@ -126,8 +126,14 @@ fn every_mode_leaves_results_unchanged_and_checks_every_supported_call() {
         assert_eq!(c.calls_seen, 16, "{mode}");
         assert_eq!(c.checked + skipped, c.sampled, "{mode}: {:?}", c.skipped);
         assert_eq!(obs.len() as u64, c.checked, "{mode}");
-        assert!(c.checked >= 11, "{mode}: only {} checked; skipped {:?}", c.checked, c.skipped);
-        assert!(obs.iter().all(|o| o.mode.name() == mode && o.metrics.is_some()));
+        assert_eq!(c.checked, 16, "{mode}: skipped {:?}", c.skipped);
+        for o in &obs {
+            // A sketch cannot see through a non-linear epilogue: those calls are checked by rows.
+            let nonlinear = o.problem.activation != quantshadow_runtime::problem::Activation::None;
+            let expected = if mode == "sketch" && nonlinear { "rows" } else { mode };
+            assert_eq!(o.mode.name(), expected, "{}", o.entry_point);
+            assert!(o.metrics.is_some());
+        }
         let r = report_of(dir.path());
         assert_eq!(r.verdict, Verdict::Pass, "{mode}: {}", std::fs::read_to_string(dir.path().join("report.md")).unwrap());
     }

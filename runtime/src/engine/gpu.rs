@@ -223,7 +223,8 @@ impl GpuBackend {
         let p = &req.call.problem;
         let (a, b, d) = (p.a.format, p.b.format, p.d.format);
         if !p.epilogue.is_linear() {
-            return Err(Skip::new("sketch: non-linear epilogue (use rows mode)"));
+            // A projection cannot see through ReLU/GELU: check a row sample exactly instead.
+            return self.rows_or_full(&CheckRequest { mode: CheckMode::Rows, ..req.clone() }, g, stream, capturing);
         }
         let build = KernelBuild::sketch(a, b, d).map_err(|e| Skip::new(format!("sketch: {e}")))?;
         self.ensure_program(&build, capturing)?;
