@@ -194,14 +194,19 @@ pub fn non_negative(vendor: &'static str, what: &'static str, v: i64) -> Result<
 // =============================================================================================
 
 /// A vendor helper function (`cublasGetStream_v2`, `cublasLtMatmulDescGetAttribute`, ...)
-/// resolved through [`super::real_function`] on first use. A hit is cached for the process; a
-/// miss is retried next time (the library may not have been loaded yet).
+/// resolved through [`super::real_function`] on first use and cached for the process, a miss
+/// included: the helpers live in the library whose hooked entry is being called, so that
+/// library is loaded by then and a miss means the symbol does not exist (walking every loaded
+/// object again on each call would cost milliseconds per GEMM).
 pub struct LazyFn {
     name: &'static CStr,
+    /// 0: not resolved yet; [`LazyFn::MISSING`]: not found; otherwise the address.
     ptr: AtomicUsize,
 }
 
 impl LazyFn {
+    const MISSING: usize = 1;
+
     pub const fn new(name: &'static CStr) -> LazyFn {
         LazyFn { name, ptr: AtomicUsize::new(0) }
     }
@@ -211,13 +216,13 @@ impl LazyFn {
     }
 
     pub fn get(&self) -> Option<*mut c_void> {
-        let p = self.ptr.load(Ordering::Acquire);
-        if p != 0 {
-            return Some(p as *mut c_void);
+        let mut p = self.ptr.load(Ordering::Acquire);
+        if p == 0 {
+            // Racing first calls resolve the same value; both stores are equal.
+            p = super::real_function(self.name).map_or(Self::MISSING, |f| f as usize);
+            self.ptr.store(p, Ordering::Release);
         }
-        let p = super::real_function(self.name)?;
-        self.ptr.store(p as usize, Ordering::Release);
-        Some(p)
+        (p != Self::MISSING).then_some(p as *mut c_void)
     }
 }
 
@@ -307,7 +312,9 @@ pub fn classic_device_mode(vendor: &'static str, raw: i32) -> Result<bool, Skip>
     }
 }
 
-/// Decodes a classic call through the transpose identity (module doc).
+/// Decodes a classic call through the transpose identity (module doc). Pointer-array batches
+/// leave `buffers.a/b/c/d` at 0 and report the (device-resident, never dereferenced) arrays in
+/// `pointer_arrays`, A and B swapped like the operands; their batch strides are 0.
 pub fn decode_classic(
     entry: &'static str,
     call: &ClassicCall,
@@ -586,6 +593,8 @@ pub struct LtDialect {
     pub scale_mode_name: fn(LibVersion, i32) -> &'static str,
     /// What the hipBLASLt 0.10/0.12 `*_SCALE_POINTER_VEC_EXT` vectors mean.
     pub vec_scale: Option<ScaleMapping>,
+    /// Values BIAS_DATA_TYPE reads as when never set.
+    pub bias_type_unset: &'static [i32],
     /// The `*BatchMode_t` value of pointer-array batches.
     pub batch_mode_pointer_array: i64,
 }
@@ -893,8 +902,8 @@ pub fn decode_lt(
         if bias_ptr == 0 {
             return Err(Skip::new(format!("{name}: bias epilogue without a bias pointer")));
         }
-        let ty = r.desc(desc, MatmulDescAttr::BiasDataType)?.unwrap_or(-1) as i32;
-        let format = if ty == -1 {
+        let ty = r.desc(desc, MatmulDescAttr::BiasDataType)?.map_or(d.bias_type_unset[0], |t| t as i32);
+        let format = if d.bias_type_unset.contains(&ty) {
             // Default: the type of D, except for 8/4-bit inputs where the libraries pick
             // other types by table; those are not modeled.
             if la.format.bits() <= 8 || lb.format.bits() <= 8 {
