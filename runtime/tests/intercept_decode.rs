@@ -1034,6 +1034,18 @@ fn cublaslt_skips() {
     assert_eq!(err.0, "cublasLt: A scale mode CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F not supported");
 }
 
+/// C's type matters only when C is read (`_scaled_mm` gives C the bias dtype, beta 0).
+#[test]
+fn cublaslt_unread_c_type_is_ignored() {
+    let (f, a, b, d, _) = scaled_mm_setup(&mut SplitMix64::new(24), V13_1);
+    f.layout_attr(LC, LayoutAttr::Type, vendor::data_type::CUDA_R_64F as i64);
+    let (alpha, zero, half) = (1.0f32, 0.0f32, 0.5f32);
+    let ok = lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &zero as *const f32 as _).decode_with(&f);
+    assert!(ok.unwrap().problem.c.is_none());
+    let err = lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &half as *const f32 as _).decode_with(&f);
+    assert_eq!(err.unwrap_err().0, "cublasLt: data type CUDA_R_64F not supported");
+}
+
 /// A getter that fails is a skip naming the attribute (so a real-library run shows which one).
 #[test]
 fn cublaslt_failing_getter_names_the_attribute() {

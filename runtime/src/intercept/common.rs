@@ -683,7 +683,8 @@ impl LtReader<'_> {
 /// One decoded Lt matrix layout (vendor terms).
 #[derive(Debug, Clone, Copy)]
 struct LtLayout {
-    format: Format,
+    /// `Err(type)`: a type quantshadow cannot decode (fatal only for a matrix that is read).
+    format: Result<Format, i32>,
     order: Order,
     rows: u64,
     cols: u64,
@@ -699,8 +700,7 @@ fn read_layout(r: &LtReader, layout: *mut c_void) -> Result<LtLayout, Skip> {
         return Err(Skip::new(format!("{name}: null matrix layout")));
     }
     let ty = r.layout_req(layout, LayoutAttr::Type)? as i32;
-    let format = (r.d.format)(ty)
-        .ok_or_else(|| Skip::new(format!("{name}: data type {} not supported", (r.d.format_name)(ty))))?;
+    let format = (r.d.format)(ty).ok_or(ty);
     let order_raw = r.layout(layout, LayoutAttr::Order)?.unwrap_or(0) as i32;
     let order = (r.d.order)(r.v, order_raw)
         .ok_or_else(|| Skip::new(format!("{name}: tiled or unknown matrix order not supported")))?;
@@ -855,13 +855,19 @@ pub fn decode_lt(
     if [la.pointer_array, lb.pointer_array, lc.pointer_array].iter().any(|p| *p != arrays) {
         return Err(Skip::new(format!("{name}: mixed batch modes")));
     }
-    let layout = |l: &LtLayout| MatrixLayout {
-        format: l.format,
-        // A stored r x c matrix of order O is a stored c x r matrix of order O.flipped().
-        order: l.order.flipped(),
-        ld: l.ld,
-        batch_stride: if batch == 1 || arrays { 0 } else { l.stride },
+    let layout = |l: &LtLayout| -> Result<MatrixLayout, Skip> {
+        Ok(MatrixLayout {
+            format: l.format.map_err(|ty| {
+                Skip::new(format!("{name}: data type {} not supported", (d.format_name)(ty)))
+            })?,
+            // A stored r x c matrix of order O is a stored c x r matrix of order O.flipped().
+            order: l.order.flipped(),
+            ld: l.ld,
+            batch_stride: if batch == 1 || arrays { 0 } else { l.stride },
+        })
     };
+    // C's type only matters when C is read (PyTorch's `_scaled_mm` gives C the bias type).
+    let (a_layout, b_layout, d_layout) = (layout(&lb)?, layout(&la)?, layout(&ld)?);
 
     // Scales. Vendor A -> problem B (outer extent m = problem N), vendor B -> problem A.
     let sa = read_scale(
@@ -906,10 +912,10 @@ pub fn decode_lt(
         let format = if d.bias_type_unset.contains(&ty) {
             // Default: the type of D, except for 8/4-bit inputs where the libraries pick
             // other types by table; those are not modeled.
-            if la.format.bits() <= 8 || lb.format.bits() <= 8 {
+            if a_layout.format.bits() <= 8 || b_layout.format.bits() <= 8 {
                 return Err(Skip::new(format!("{name}: default bias type with 8/4-bit inputs not modeled")));
             }
-            ld.format
+            d_layout.format
         } else {
             (d.format)(ty).ok_or_else(|| {
                 Skip::new(format!("{name}: bias type {} not supported", (d.format_name)(ty)))
@@ -922,7 +928,7 @@ pub fn decode_lt(
 
     let alpha = scalar_arg(name, "alpha", call.alpha, scalar, device)?;
     let beta = scalar_arg(name, "beta", call.beta, scalar, device)?;
-    let c = reads_c(&beta).then(|| layout(&lc));
+    let c = reads_c(&beta).then(|| layout(&lc)).transpose()?;
     if c.is_some() && call.c.is_null() {
         return Err(Skip::new(format!("{name}: C is a null pointer")));
     }
@@ -946,10 +952,10 @@ pub fn decode_lt(
         batch,
         trans_a: tb,
         trans_b: ta,
-        a: layout(&lb),
-        b: layout(&la),
+        a: a_layout,
+        b: b_layout,
         c,
-        d: layout(&ld),
+        d: d_layout,
         a_scale: None,
         b_scale: None,
         a_tensor_scale: None,
