@@ -129,7 +129,11 @@ impl FakeLt {
             self.desc(desc, MatmulDescAttr::FillMode, fill);
         }
         self.desc(desc, MatmulDescAttr::Epilogue, 1);
-        self.desc(desc, MatmulDescAttr::BiasDataType, -1);
+        let unset = match self.lt {
+            Lt::Cuda => vendor::cublaslt::CUBLASLT_BIAS_DATA_TYPE_UNSET,
+            Lt::Hip => vendor::hipblaslt::HIPBLASLT_DATATYPE_INVALID,
+        };
+        self.desc(desc, MatmulDescAttr::BiasDataType, unset as i64);
     }
 
     fn layout(&self, obj: u64, m: &Mat) {
@@ -1030,6 +1034,18 @@ fn cublaslt_skips() {
     assert_eq!(err.0, "cublasLt: A scale mode CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F not supported");
 }
 
+/// C's type matters only when C is read (`_scaled_mm` gives C the bias dtype, beta 0).
+#[test]
+fn cublaslt_unread_c_type_is_ignored() {
+    let (f, a, b, d, _) = scaled_mm_setup(&mut SplitMix64::new(24), V13_1);
+    f.layout_attr(LC, LayoutAttr::Type, vendor::data_type::CUDA_R_64F as i64);
+    let (alpha, zero, half) = (1.0f32, 0.0f32, 0.5f32);
+    let ok = lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &zero as *const f32 as _).decode_with(&f);
+    assert!(ok.unwrap().problem.c.is_none());
+    let err = lt_args(&a, &b, &d, &d, &alpha as *const f32 as _, &half as *const f32 as _).decode_with(&f);
+    assert_eq!(err.unwrap_err().0, "cublasLt: data type CUDA_R_64F not supported");
+}
+
 /// A getter that fails is a skip naming the attribute (so a real-library run shows which one).
 #[test]
 fn cublaslt_failing_getter_names_the_attribute() {
@@ -1275,21 +1291,68 @@ fn hipblaslt_fp8_fnuz() {
     assert!(qs_hipblaslt::desc_types(mptr(desc)).is_none());
 }
 
+/// `F.linear` with bias on ROCm: the bias type left unset (HIPBLASLT_DATATYPE_INVALID = 255)
+/// is D's type; the bias runs along the output features.
+#[test]
+fn hipblaslt_linear_with_bias() {
+    let v = LibVersion::new(1, 1, 0);
+    let mut rng = SplitMix64::new(23);
+    let (out_f, tokens, in_f) = (5u64, 4u64, 6u64);
+    let w = Mat::new(&mut rng, 0x1000, Format::Bf16, false, in_f, out_f, in_f, 1, 0);
+    let x = Mat::new(&mut rng, 0x2000, Format::Bf16, false, in_f, tokens, in_f, 1, 0);
+    let y = Mat::new(&mut rng, 0x3000, Format::Bf16, false, out_f, tokens, out_f, 1, 0);
+    let bias_vals: Vec<f64> = (0..out_f).map(|i| 1.0 - i as f64 * 0.5).collect();
+    let mut bias = vec![0u8; 2 * out_f as usize];
+    for (i, b) in bias_vals.iter().enumerate() {
+        Format::Bf16.store_code(&mut bias, i, Format::Bf16.encode(*b));
+    }
+    let desc = 0xD3;
+    let f = FakeLt::new(Lt::Hip, v);
+    f.new_desc(desc, 0, 0);
+    f.desc(desc, MatmulDescAttr::TransA, vendor::hipblas::HIPBLAS_OP_T as i64);
+    f.desc(desc, MatmulDescAttr::Epilogue, vendor::hipblaslt::HIPBLASLT_EPILOGUE_BIAS as i64);
+    f.desc(desc, MatmulDescAttr::BiasPointer, 0xB1A5);
+    for (l, mat) in [(LA, &w), (LB, &x), (LC, &y), (LD, &y)] {
+        f.layout(l, mat);
+    }
+    qs_hipblaslt::record_desc(mptr(desc), vendor::hipblas::HIPBLAS_COMPUTE_32F, vendor::data_type::HIP_R_32F);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let g = hip_args(desc, &w, &x, &y, &alpha as *const f32 as _, &beta as *const f32 as _)
+        .decode_with(&f)
+        .unwrap();
+    qs_hipblaslt::forget_desc(mptr(desc));
+    let b = g.problem.epilogue.bias.unwrap();
+    assert_eq!((b.axis, b.format), (BiasAxis::Cols, Format::Bf16));
+    let want = naive(
+        Transpose::T,
+        Transpose::N,
+        (out_f, tokens, in_f, 1),
+        &w,
+        &x,
+        None,
+        (1.0, 0.0),
+        &one,
+        &one,
+        Some(&bias_vals),
+    );
+    check_against_naive(&g, &[&w, &x, &y], &[(0xB1A5, bias)], DeviceScalarValues::default(), &want);
+}
+
 #[test]
 fn hipblaslt_desc_map_is_bounded() {
-    let base = 0x7000_0000u64;
-    let before = qs_hipblaslt::DESC_MAP_OVERFLOW.load(std::sync::atomic::Ordering::Relaxed);
-    for i in 0..(qs_hipblaslt::DESC_MAP_CAP as u64 + 10) {
-        qs_hipblaslt::record_desc(mptr(base + i), 2, 0);
+    let map = qs_hipblaslt::DescTypes::new(4);
+    for i in 1..=6u64 {
+        map.record(mptr(i), 2, 0);
     }
-    let after = qs_hipblaslt::DESC_MAP_OVERFLOW.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(after >= before + 10);
-    for i in 0..(qs_hipblaslt::DESC_MAP_CAP as u64 + 10) {
-        qs_hipblaslt::forget_desc(mptr(base + i));
-    }
-    qs_hipblaslt::record_desc(mptr(base), 2, 0);
-    assert_eq!(qs_hipblaslt::desc_types(mptr(base)), Some((2, 0)));
-    qs_hipblaslt::forget_desc(mptr(base));
+    assert_eq!(map.overflow(), 2);
+    assert_eq!(map.get(mptr(4)), Some((2, 0)));
+    assert_eq!(map.get(mptr(5)), None);
+    map.record(mptr(4), 7, 14); // re-creation at a reused address updates in place
+    assert_eq!(map.get(mptr(4)), Some((7, 14)));
+    map.forget(mptr(1));
+    map.record(mptr(5), 2, 0);
+    assert_eq!(map.get(mptr(5)), Some((2, 0)));
+    assert_eq!(map.overflow(), 2);
 }
 
 // =============================================================================================

@@ -8,8 +8,8 @@
 //! Skipped (with a message) when no C compiler is available.
 
 use quantshadow_runtime::formats::Format;
-use quantshadow_runtime::intercept::{hook, GemmArgs};
-use quantshadow_runtime::problem::{BiasAxis, Scalar, Transpose};
+use quantshadow_runtime::intercept::{hipblaslt as qs_hipblaslt, hook, GemmArgs};
+use quantshadow_runtime::problem::{BiasAxis, Scalar, ScaleGranularity, Transpose};
 use std::ffi::{c_void, CString};
 use std::process::Command;
 
@@ -55,11 +55,58 @@ size_t cublasLtGetVersion(void) { return 130100; }
 int cublasGetStream_v2(void *handle, void **stream) { (void)handle; *stream = (void *)0x5157; return 0; }
 int cublasGetPointerMode_v2(void *handle, int *mode) { (void)handle; *mode = 0; return 0; }
 int cublasGetMathMode(void *handle, int *mode) { (void)handle; *mode = 0; return 0; }
+
+/* hipBLASLt 1.1 (ROCm 7.1): sizes from the hipblaslt.h comments. */
+static const size_t HIP_DESC_SIZE[110] = {
+    [0] = 4, [1] = 4, [2] = 4, [3] = 8, [4] = 4, [5] = 8, [6] = 8, [7] = 8, [8] = 8, [9] = 8,
+    [10] = 8, [11] = 8, [12] = 8, [13] = 4, [14] = 8, [22] = 4, [31] = 4, [32] = 4,
+    [100] = 4, [101] = 4, [102] = 4, [103] = 4,
+};
+static const size_t HIP_LAYOUT_SIZE[7] = { 4, 8, 4, 4, 8, 8, 8 };
+static int64_t hip_desc_val[110];
+static int64_t hip_layout_val[4][7];
+static int hip_desc_storage;
+
+void fake_hip_set_desc(int attr, int64_t v) { hip_desc_val[attr] = v; }
+void fake_hip_set_layout(int which, int attr, int64_t v) { hip_layout_val[which][attr] = v; }
+
+int hipblasLtGetVersion(void *handle, int *version) {
+    if (handle == NULL || version == NULL) return 3;
+    *version = 100100; /* 1.1.0: major * 100000 + minor * 100 + patch */
+    return 0;
+}
+
+int hipblasLtMatmulDescCreate(void **desc, int compute, int scale_type) {
+    (void)compute; (void)scale_type;
+    *desc = &hip_desc_storage;
+    return 0;
+}
+
+int hipblasLtMatmulDescDestroy(void *desc) { return desc == &hip_desc_storage ? 0 : 3; }
+
+int hipblasLtMatmulDescGetAttribute(void *desc, int attr, void *buf, size_t size, size_t *written) {
+    if (desc != &hip_desc_storage || attr < 0 || attr >= 110 || HIP_DESC_SIZE[attr] == 0) return 3;
+    if (size != HIP_DESC_SIZE[attr] || buf == NULL) return 3;
+    memcpy(buf, &hip_desc_val[attr], size);
+    if (written) *written = size;
+    return 0;
+}
+
+int hipblasLtMatrixLayoutGetAttribute(void *layout, int attr, void *buf, size_t size, size_t *written) {
+    intptr_t which = (intptr_t)layout - 0x11;
+    if (which < 0 || which > 3 || attr < 0 || attr >= 7) return 3;
+    if (size != HIP_LAYOUT_SIZE[attr] || buf == NULL) return 3;
+    memcpy(buf, &hip_layout_val[which][attr], size);
+    if (written) *written = size;
+    return 0;
+}
 "#;
 
 struct Fake {
     set_desc: extern "C" fn(i32, i64),
     set_layout: extern "C" fn(i32, i32, i64),
+    hip_set_desc: extern "C" fn(i32, i64),
+    hip_set_layout: extern "C" fn(i32, i32, i64),
 }
 
 fn load_fake() -> Option<Fake> {
@@ -95,6 +142,12 @@ fn load_fake() -> Option<Fake> {
             set_desc: std::mem::transmute::<*mut c_void, extern "C" fn(i32, i64)>(sym("fake_set_desc")),
             set_layout: std::mem::transmute::<*mut c_void, extern "C" fn(i32, i32, i64)>(sym(
                 "fake_set_layout",
+            )),
+            hip_set_desc: std::mem::transmute::<*mut c_void, extern "C" fn(i32, i64)>(sym(
+                "fake_hip_set_desc",
+            )),
+            hip_set_layout: std::mem::transmute::<*mut c_void, extern "C" fn(i32, i32, i64)>(sym(
+                "fake_hip_set_layout",
             )),
         })
     }
@@ -183,4 +236,54 @@ fn decoders_through_real_getters() {
     let g = x.decode().unwrap();
     assert_eq!(g.stream, 0x5157);
     assert_eq!(g.problem.alpha, Scalar::Host(1.0));
+
+    // ---- hipBLASLt: the descriptor learnt through the real create hook, FP8 fnuz row-wise
+    // scales (1.1: A/B_SCALE_MODE = OUTER_VEC_32F), TRANSA = T, bf16 output.
+    let mut desc: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the hook body with a valid out-pointer; the stand-in's create is the real one.
+    let status = unsafe { hook::hipblasLtMatmulDescCreate::enter(&mut desc, 2, 0) };
+    assert_eq!(status, 0);
+    assert_eq!(qs_hipblaslt::desc_types(desc), Some((2, 0)), "recorded at creation");
+    for (attr, v) in
+        [(0, 112), (1, 111), (2, 1), (4, 255), (5, 0x5CA0), (6, 0x5CB0), (13, 0), (31, 3), (32, 3)]
+    {
+        (fake.hip_set_desc)(attr, v);
+    }
+    let layouts = [(in_f, out_f, 1000), (in_f, tokens, 1000), (out_f, tokens, 14), (out_f, tokens, 14)];
+    for (i, (rows, cols, ty)) in layouts.iter().enumerate() {
+        for (attr, v) in [(0, 1), (1, 0), (2, *ty), (3, 0), (4, *rows), (5, *cols), (6, *rows)] {
+            (fake.hip_set_layout)(i as i32, attr, v);
+        }
+    }
+    let h = hook::hipblasLtMatmul::Args {
+        handle: 0x4a4d as *mut c_void,
+        desc,
+        alpha: &alpha as *const f32 as *const c_void,
+        a: 0x1000 as *const c_void,
+        a_desc: 0x11 as *mut c_void,
+        b: 0x2000 as *const c_void,
+        b_desc: 0x12 as *mut c_void,
+        beta: &beta as *const f32 as *const c_void,
+        c: 0x3000 as *const c_void,
+        c_desc: 0x13 as *mut c_void,
+        d: 0x3000 as *mut c_void,
+        d_desc: 0x14 as *mut c_void,
+        algo: std::ptr::null(),
+        workspace: std::ptr::null_mut(),
+        workspace_bytes: 0,
+        stream: 0x57 as *mut c_void,
+    };
+    let g = h.decode().unwrap();
+    assert_eq!((g.problem.a.format, g.problem.b.format), (Format::E4m3fnuz, Format::E4m3fnuz));
+    assert_eq!(g.problem.b_scale.unwrap().granularity, ScaleGranularity::PerOuter);
+    assert_eq!((g.buffers.b_scale, g.buffers.a_scale), (0x5CA0, 0x5CB0));
+    assert_eq!((g.problem.trans_a, g.problem.trans_b), (Transpose::N, Transpose::T));
+    assert_ne!(h.quick_key(), 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { hook::hipblasLtMatmulDescDestroy::enter(desc) }, 0);
+    assert_eq!(qs_hipblaslt::desc_types(desc), None, "forgotten at destruction");
+    assert_eq!(
+        h.decode().unwrap_err().0,
+        "hipblasLt: descriptor not seen at creation (compute and scale type unknown)"
+    );
 }

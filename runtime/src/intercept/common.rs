@@ -194,14 +194,19 @@ pub fn non_negative(vendor: &'static str, what: &'static str, v: i64) -> Result<
 // =============================================================================================
 
 /// A vendor helper function (`cublasGetStream_v2`, `cublasLtMatmulDescGetAttribute`, ...)
-/// resolved through [`super::real_function`] on first use. A hit is cached for the process; a
-/// miss is retried next time (the library may not have been loaded yet).
+/// resolved through [`super::real_function`] on first use and cached for the process, a miss
+/// included: the helpers live in the library whose hooked entry is being called, so that
+/// library is loaded by then and a miss means the symbol does not exist (walking every loaded
+/// object again on each call would cost milliseconds per GEMM).
 pub struct LazyFn {
     name: &'static CStr,
+    /// 0: not resolved yet; [`LazyFn::MISSING`]: not found; otherwise the address.
     ptr: AtomicUsize,
 }
 
 impl LazyFn {
+    const MISSING: usize = 1;
+
     pub const fn new(name: &'static CStr) -> LazyFn {
         LazyFn { name, ptr: AtomicUsize::new(0) }
     }
@@ -211,13 +216,13 @@ impl LazyFn {
     }
 
     pub fn get(&self) -> Option<*mut c_void> {
-        let p = self.ptr.load(Ordering::Acquire);
-        if p != 0 {
-            return Some(p as *mut c_void);
+        let mut p = self.ptr.load(Ordering::Acquire);
+        if p == 0 {
+            // Racing first calls resolve the same value; both stores are equal.
+            p = super::real_function(self.name).map_or(Self::MISSING, |f| f as usize);
+            self.ptr.store(p, Ordering::Release);
         }
-        let p = super::real_function(self.name)?;
-        self.ptr.store(p as usize, Ordering::Release);
-        Some(p)
+        (p != Self::MISSING).then_some(p as *mut c_void)
     }
 }
 
@@ -307,7 +312,9 @@ pub fn classic_device_mode(vendor: &'static str, raw: i32) -> Result<bool, Skip>
     }
 }
 
-/// Decodes a classic call through the transpose identity (module doc).
+/// Decodes a classic call through the transpose identity (module doc). Pointer-array batches
+/// leave `buffers.a/b/c/d` at 0 and report the (device-resident, never dereferenced) arrays in
+/// `pointer_arrays`, A and B swapped like the operands; their batch strides are 0.
 pub fn decode_classic(
     entry: &'static str,
     call: &ClassicCall,
@@ -586,6 +593,8 @@ pub struct LtDialect {
     pub scale_mode_name: fn(LibVersion, i32) -> &'static str,
     /// What the hipBLASLt 0.10/0.12 `*_SCALE_POINTER_VEC_EXT` vectors mean.
     pub vec_scale: Option<ScaleMapping>,
+    /// Values BIAS_DATA_TYPE reads as when never set.
+    pub bias_type_unset: &'static [i32],
     /// The `*BatchMode_t` value of pointer-array batches.
     pub batch_mode_pointer_array: i64,
 }
@@ -674,7 +683,8 @@ impl LtReader<'_> {
 /// One decoded Lt matrix layout (vendor terms).
 #[derive(Debug, Clone, Copy)]
 struct LtLayout {
-    format: Format,
+    /// `Err(type)`: a type quantshadow cannot decode (fatal only for a matrix that is read).
+    format: Result<Format, i32>,
     order: Order,
     rows: u64,
     cols: u64,
@@ -690,8 +700,7 @@ fn read_layout(r: &LtReader, layout: *mut c_void) -> Result<LtLayout, Skip> {
         return Err(Skip::new(format!("{name}: null matrix layout")));
     }
     let ty = r.layout_req(layout, LayoutAttr::Type)? as i32;
-    let format = (r.d.format)(ty)
-        .ok_or_else(|| Skip::new(format!("{name}: data type {} not supported", (r.d.format_name)(ty))))?;
+    let format = (r.d.format)(ty).ok_or(ty);
     let order_raw = r.layout(layout, LayoutAttr::Order)?.unwrap_or(0) as i32;
     let order = (r.d.order)(r.v, order_raw)
         .ok_or_else(|| Skip::new(format!("{name}: tiled or unknown matrix order not supported")))?;
@@ -846,13 +855,19 @@ pub fn decode_lt(
     if [la.pointer_array, lb.pointer_array, lc.pointer_array].iter().any(|p| *p != arrays) {
         return Err(Skip::new(format!("{name}: mixed batch modes")));
     }
-    let layout = |l: &LtLayout| MatrixLayout {
-        format: l.format,
-        // A stored r x c matrix of order O is a stored c x r matrix of order O.flipped().
-        order: l.order.flipped(),
-        ld: l.ld,
-        batch_stride: if batch == 1 || arrays { 0 } else { l.stride },
+    let layout = |l: &LtLayout| -> Result<MatrixLayout, Skip> {
+        Ok(MatrixLayout {
+            format: l.format.map_err(|ty| {
+                Skip::new(format!("{name}: data type {} not supported", (d.format_name)(ty)))
+            })?,
+            // A stored r x c matrix of order O is a stored c x r matrix of order O.flipped().
+            order: l.order.flipped(),
+            ld: l.ld,
+            batch_stride: if batch == 1 || arrays { 0 } else { l.stride },
+        })
     };
+    // C's type only matters when C is read (PyTorch's `_scaled_mm` gives C the bias type).
+    let (a_layout, b_layout, d_layout) = (layout(&lb)?, layout(&la)?, layout(&ld)?);
 
     // Scales. Vendor A -> problem B (outer extent m = problem N), vendor B -> problem A.
     let sa = read_scale(
@@ -893,14 +908,14 @@ pub fn decode_lt(
         if bias_ptr == 0 {
             return Err(Skip::new(format!("{name}: bias epilogue without a bias pointer")));
         }
-        let ty = r.desc(desc, MatmulDescAttr::BiasDataType)?.unwrap_or(-1) as i32;
-        let format = if ty == -1 {
+        let ty = r.desc(desc, MatmulDescAttr::BiasDataType)?.map_or(d.bias_type_unset[0], |t| t as i32);
+        let format = if d.bias_type_unset.contains(&ty) {
             // Default: the type of D, except for 8/4-bit inputs where the libraries pick
             // other types by table; those are not modeled.
-            if la.format.bits() <= 8 || lb.format.bits() <= 8 {
+            if a_layout.format.bits() <= 8 || b_layout.format.bits() <= 8 {
                 return Err(Skip::new(format!("{name}: default bias type with 8/4-bit inputs not modeled")));
             }
-            ld.format
+            d_layout.format
         } else {
             (d.format)(ty).ok_or_else(|| {
                 Skip::new(format!("{name}: bias type {} not supported", (d.format_name)(ty)))
@@ -913,7 +928,7 @@ pub fn decode_lt(
 
     let alpha = scalar_arg(name, "alpha", call.alpha, scalar, device)?;
     let beta = scalar_arg(name, "beta", call.beta, scalar, device)?;
-    let c = reads_c(&beta).then(|| layout(&lc));
+    let c = reads_c(&beta).then(|| layout(&lc)).transpose()?;
     if c.is_some() && call.c.is_null() {
         return Err(Skip::new(format!("{name}: C is a null pointer")));
     }
@@ -937,10 +952,10 @@ pub fn decode_lt(
         batch,
         trans_a: tb,
         trans_b: ta,
-        a: layout(&lb),
-        b: layout(&la),
+        a: a_layout,
+        b: b_layout,
         c,
-        d: layout(&ld),
+        d: d_layout,
         a_scale: None,
         b_scale: None,
         a_tensor_scale: None,

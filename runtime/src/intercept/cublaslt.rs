@@ -14,7 +14,8 @@ use crate::vendor::cublaslt::{
     cublaslt_epilogue_name, cublaslt_scale_mode_name, cublaslt_scale_spec, cublaslt_version,
     desc_attribute_id, desc_attribute_value, epilogue_from_cublaslt, layout_attribute_id,
     layout_attribute_value, order_from_cublaslt, pointer_mode_from_cublaslt,
-    CUBLASLT_BATCH_MODE_POINTER_ARRAY, CUBLASLT_MATMUL_DESC_ATTRIBUTES, CUBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
+    CUBLASLT_BATCH_MODE_POINTER_ARRAY, CUBLASLT_BIAS_DATA_TYPE_UNSET, CUBLASLT_MATMUL_DESC_ATTRIBUTES,
+    CUBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
 };
 use crate::vendor::data_type::{cuda_data_type_name, format_from_cuda_data_type};
 use crate::vendor::{LibVersion, MatmulDescAttr};
@@ -50,6 +51,7 @@ pub static CUBLASLT: LtDialect = LtDialect {
     scale_spec: cublaslt_scale_spec,
     scale_mode_name: |_, m| cublaslt_scale_mode_name(m),
     vec_scale: None,
+    bias_type_unset: &[CUBLASLT_BIAS_DATA_TYPE_UNSET],
     batch_mode_pointer_array: CUBLASLT_BATCH_MODE_POINTER_ARRAY as i64,
 };
 

@@ -20,8 +20,8 @@ use crate::vendor::hipblaslt::{
     desc_attribute_id, desc_attribute_value, epilogue_from_hipblaslt, hipblaslt_epilogue_name,
     hipblaslt_scale_mode_name, hipblaslt_version, layout_attribute_id, layout_attribute_value,
     order_from_hipblaslt, pointer_mode_from_hipblaslt, scale_granularity_from_hipblaslt_scale_mode,
-    HIPBLASLT_BATCH_MODE_POINTER_ARRAY, HIPBLASLT_MATMUL_DESC_ATTRIBUTES, HIPBLASLT_MATRIX_LAYOUT_ATTRIBUTES,
-    SCALE_POINTER_VEC_EXT_MAPPING,
+    HIPBLASLT_BATCH_MODE_POINTER_ARRAY, HIPBLASLT_DATATYPE_INVALID, HIPBLASLT_MATMUL_DESC_ATTRIBUTES,
+    HIPBLASLT_MATRIX_LAYOUT_ATTRIBUTES, SCALE_POINTER_VEC_EXT_MAPPING,
 };
 use crate::vendor::{LibVersion, MatmulDescAttr};
 use std::collections::BTreeMap;
@@ -63,36 +63,75 @@ pub static HIPBLASLT: LtDialect = LtDialect {
     },
     scale_mode_name: hipblaslt_scale_mode_name,
     vec_scale: Some(SCALE_POINTER_VEC_EXT_MAPPING),
+    // 255 per the header; -1 (cuBLASLt's spelling) is accepted too.
+    bias_type_unset: &[HIPBLASLT_DATATYPE_INVALID, -1],
     batch_mode_pointer_array: HIPBLASLT_BATCH_MODE_POINTER_ARRAY as i64,
 };
 
 // ---- descriptor types learnt at creation ------------------------------------------------------
 
+/// Descriptor -> (compute type, scale type), bounded: descriptors beyond the cap are counted
+/// and not recorded (their calls are then skipped), never an unbounded allocation.
+pub struct DescTypes {
+    map: Mutex<BTreeMap<usize, (i32, i32)>>,
+    cap: usize,
+    overflow: AtomicU64,
+}
+
+impl DescTypes {
+    pub const fn new(cap: usize) -> DescTypes {
+        DescTypes { map: Mutex::new(BTreeMap::new()), cap, overflow: AtomicU64::new(0) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, (i32, i32)>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the (compute type, scale type) a descriptor was created with.
+    pub fn record(&self, desc: *mut c_void, compute: i32, scale_type: i32) {
+        let mut map = self.lock();
+        if map.len() >= self.cap && !map.contains_key(&(desc as usize)) {
+            self.overflow.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        map.insert(desc as usize, (compute, scale_type));
+    }
+
+    /// Forgets a destroyed descriptor.
+    pub fn forget(&self, desc: *mut c_void) {
+        self.lock().remove(&(desc as usize));
+    }
+
+    /// The (compute type, scale type) `desc` was created with, if recorded.
+    pub fn get(&self, desc: *mut c_void) -> Option<(i32, i32)> {
+        self.lock().get(&(desc as usize)).copied()
+    }
+
+    /// Descriptors not recorded because the map was full.
+    pub fn overflow(&self) -> u64 {
+        self.overflow.load(Ordering::Relaxed)
+    }
+}
+
 /// Most descriptors tracked at once (PyTorch creates and destroys one per call; libraries that
 /// cache descriptors hold a few hundred).
 pub const DESC_MAP_CAP: usize = 4096;
-static DESC_TYPES: Mutex<BTreeMap<usize, (i32, i32)>> = Mutex::new(BTreeMap::new());
-/// Descriptors not recorded because the map was full.
-pub static DESC_MAP_OVERFLOW: AtomicU64 = AtomicU64::new(0);
+/// The process's descriptor map, filled by the `hipblasLtMatmulDescCreate` hook.
+pub static DESC_TYPES: DescTypes = DescTypes::new(DESC_MAP_CAP);
 
-/// Records the (compute type, scale type) a descriptor was created with.
+/// Records a descriptor in [`DESC_TYPES`].
 pub fn record_desc(desc: *mut c_void, compute: i32, scale_type: i32) {
-    let mut map = DESC_TYPES.lock().unwrap_or_else(|e| e.into_inner());
-    if map.len() >= DESC_MAP_CAP && !map.contains_key(&(desc as usize)) {
-        DESC_MAP_OVERFLOW.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    map.insert(desc as usize, (compute, scale_type));
+    DESC_TYPES.record(desc, compute, scale_type);
 }
 
-/// Forgets a destroyed descriptor.
+/// Forgets a descriptor in [`DESC_TYPES`].
 pub fn forget_desc(desc: *mut c_void) {
-    DESC_TYPES.lock().unwrap_or_else(|e| e.into_inner()).remove(&(desc as usize));
+    DESC_TYPES.forget(desc);
 }
 
-/// The (compute type, scale type) `desc` was created with, if recorded.
+/// The recorded types of a descriptor in [`DESC_TYPES`].
 pub fn desc_types(desc: *mut c_void) -> Option<(i32, i32)> {
-    DESC_TYPES.lock().unwrap_or_else(|e| e.into_inner()).get(&(desc as usize)).copied()
+    DESC_TYPES.get(desc)
 }
 
 pub fn matmul(args: &hipblasLtMatmul::Args, real: &RealCall) -> i32 {

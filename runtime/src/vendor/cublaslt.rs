@@ -227,6 +227,10 @@ const _: () = {
     assert!(CUBLASLT_POINTER_MODE_DEVICE == super::cublas::CUBLAS_POINTER_MODE_DEVICE);
 };
 
+/// Value of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE when the caller never set it ("default: -1"
+/// in cublasLt.h): the bias has D's type, with exceptions for IMMA and FP8 kernels.
+pub const CUBLASLT_BIAS_DATA_TYPE_UNSET: i32 = -1;
+
 /// The cuBLAS version `cublasLtGetVersion()` reports, if it is one the tables describe.
 pub fn cublaslt_version(raw: usize) -> Option<LibVersion> {
     LibVersion::from_cublas_raw(raw).filter(|v| *v >= Library::Cublas.min_supported())

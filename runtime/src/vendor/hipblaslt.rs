@@ -260,6 +260,10 @@ const _: () = {
     assert!(HIPBLASLT_MATMUL_DESC_B_SCALE_MODE == super::cublaslt::CUBLASLT_MATMUL_DESC_B_SCALE_MODE);
 };
 
+/// `HIPBLASLT_DATATYPE_INVALID` (`#define ... static_cast<hipDataType>(255)` in hipblaslt.h,
+/// ROCm 6.x and 7.x): the value BIAS_DATA_TYPE holds when the caller never set it.
+pub const HIPBLASLT_DATATYPE_INVALID: i32 = 255;
+
 /// The hipBLASLt version `hipblasLtGetVersion` reports, if the tables describe it.
 pub fn hipblaslt_version(raw: i32) -> Option<LibVersion> {
     LibVersion::from_hipblaslt_raw(raw).filter(|v| *v >= Library::HipBlasLt.min_supported())
