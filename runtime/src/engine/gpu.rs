@@ -65,14 +65,18 @@ pub fn start_hip(settings: &GpuSettings) -> Result<GpuBackend, String> {
 struct SiteGpu {
     weight_ptr: u64,
     weight: Option<SketchWeight>,
-    /// Sketch scratch per (stream, sampled rows): concurrent streams never share scratch.
-    sketch_scratch: HashMap<(u64, u64), SketchScratch>,
+    /// Sketch scratch per sampled-row count. Shared by the site's streams: a graph captured
+    /// on its own stream must find the scratch set up by eager warm-up calls on another one.
+    /// Two streams running the same site at the same moment would share it (not seen in
+    /// PyTorch or vLLM, where one layer's calls are stream-ordered).
+    sketch_scratch: HashMap<u64, SketchScratch>,
     /// Per-site row epoch (device u64), advanced by the last kernel of each check.
     epoch: DeviceBuffer,
-    /// Rows/full: reference rows (f32) and compare scratch per (stream, rows, logits).
-    rows_state: HashMap<(u64, u64, bool), RowsState>,
-    /// Copies of C taken before calls that accumulate into it in place, per (stream, bytes).
-    c_copies: HashMap<(u64, usize), DeviceBuffer>,
+    /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
+    /// streams like the sketch scratch.
+    rows_state: HashMap<(u64, bool), RowsState>,
+    /// Copies of C taken before calls that accumulate into it in place, per size.
+    c_copies: HashMap<usize, DeviceBuffer>,
 }
 
 struct RowsState {
@@ -243,7 +247,7 @@ impl GpuBackend {
             site.weight = Some(w);
             site.weight_ptr = req.call.buffers.b;
         }
-        let key = (stream.0, sample.count);
+        let key = sample.count;
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_scratch.contains_key(&key) {
             if capturing {
@@ -286,7 +290,7 @@ impl GpuBackend {
         let logits = req.logits_topk.is_some();
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
-        let key = (stream.0, sample.count, logits);
+        let key = (sample.count, logits);
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.rows_state.contains_key(&key) {
             if capturing {
@@ -376,7 +380,7 @@ impl Backend for GpuBackend {
             .map_err(|e| Skip::new(format!("stream capture query: {}", short(&e.to_string()))))?;
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
-        let key = (stream.0, bytes);
+        let key = bytes;
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.c_copies.contains_key(&key) {
             if capturing {
