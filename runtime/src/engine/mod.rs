@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 /// Per-process engine state.
 pub struct Engine {
     pub config: Config,
-    pid: u32,
     session_id: u64,
     backend: Option<Box<dyn Backend>>,
     client: Option<Client>,
@@ -67,11 +66,19 @@ const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
 
+/// Set in a child made by fork() (pthread_atfork handler): the engine's threads did not
+/// survive the fork, so the child passes everything through. An atomic load per call instead
+/// of a getpid() system call.
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    FORKED_CHILD.store(true, Ordering::Relaxed);
+}
+
 /// The engine, started on first use; None when off, failed to start, or in a forked child.
 pub fn engine() -> Option<&'static Engine> {
     let e = ENGINE.get_or_init(Engine::start).as_ref()?;
-    // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } as u32 != e.pid {
+    if FORKED_CHILD.load(Ordering::Relaxed) {
         return None;
     }
     Some(e)
@@ -208,7 +215,6 @@ impl Engine {
         let engine = Engine {
             sampler: Sampler::new(config.sampling),
             config,
-            pid,
             session_id,
             backend,
             client,
@@ -220,8 +226,11 @@ impl Engine {
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         };
-        // SAFETY: registers a plain extern "C" function; runs once at exit.
-        unsafe { libc::atexit(at_exit) };
+        // SAFETY: register plain extern "C" functions (run once at exit / in fork children).
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        }
         Some(engine)
     }
 
@@ -482,8 +491,7 @@ pub const LOGITS_TOPK: u32 = 5;
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(Some(e)) = ENGINE.get() {
-            // SAFETY: getpid has no preconditions.
-            if unsafe { libc::getpid() } as u32 == e.pid {
+            if !FORKED_CHILD.load(Ordering::Relaxed) {
                 e.shutdown();
             }
         }

@@ -9,21 +9,32 @@ use super::config::Sampling;
 use crate::intercept::InterceptedGemm;
 use crate::rng::mix64;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-const SHARDS: usize = 16;
-/// Keys remembered per shard; beyond, new keys share one overflow counter (bounded memory).
-const KEYS_PER_SHARD: usize = 4096;
+/// Slots of the lock-free counter table (a power of two); keys beyond share one counter.
+const SAMPLER_SLOTS: usize = 1 << 14;
+/// Probes before a key gives up on finding a slot of its own.
+const SAMPLER_PROBES: usize = 16;
 
-/// Per-key call counters and the sampling rule.
+/// Per-key call counters and the sampling rule. Lock-free (an open-addressing table of
+/// atomics): an unsampled call costs a hash, a few loads and one atomic add.
 pub struct Sampler {
     rule: Sampling,
-    shards: [Mutex<HashMap<u64, u64>>; SHARDS],
+    keys: Box<[AtomicU64]>,
+    counts: Box<[AtomicU64]>,
+    overflow: AtomicU64,
 }
 
 impl Sampler {
     pub fn new(rule: Sampling) -> Sampler {
-        Sampler { rule, shards: std::array::from_fn(|_| Mutex::new(HashMap::new())) }
+        let table = |_| AtomicU64::new(0);
+        Sampler {
+            rule,
+            keys: (0..SAMPLER_SLOTS).map(table).collect(),
+            counts: (0..SAMPLER_SLOTS).map(table).collect(),
+            overflow: AtomicU64::new(0),
+        }
     }
 
     /// Counts a call of `key` and says whether it is checked.
@@ -31,13 +42,31 @@ impl Sampler {
         if self.rule == Sampling::ALL {
             return true;
         }
-        let h = mix64(key);
-        let mut shard = self.shards[(h as usize) % SHARDS].lock().unwrap_or_else(|e| e.into_inner());
-        let key = if shard.len() >= KEYS_PER_SHARD && !shard.contains_key(&h) { u64::MAX } else { h };
-        let n = shard.entry(key).or_insert(0);
-        let taken = self.rule.takes(*n);
-        *n += 1;
-        taken
+        // 0 marks an empty slot: keys are remapped away from it.
+        let h = mix64(key).max(1);
+        let mut counter = &self.overflow;
+        for i in 0..SAMPLER_PROBES {
+            let slot = (h as usize).wrapping_add(i) & (SAMPLER_SLOTS - 1);
+            let k = self.keys[slot].load(Ordering::Acquire);
+            if k == h {
+                counter = &self.counts[slot];
+                break;
+            }
+            if k == 0 {
+                match self.keys[slot].compare_exchange(0, h, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        counter = &self.counts[slot];
+                        break;
+                    }
+                    Err(other) if other == h => {
+                        counter = &self.counts[slot];
+                        break;
+                    }
+                    Err(_) => continue,
+                }
+            }
+        }
+        self.rule.takes(counter.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -150,6 +179,22 @@ mod tests {
         let a: Vec<bool> = (0..5).map(|_| s.take(7)).collect();
         assert_eq!(a, vec![true, true, false, true, false]);
         assert!(s.take(8), "a new key starts from its own first call");
+    }
+
+    #[test]
+    fn sampler_is_exact_under_threads() {
+        let s = std::sync::Arc::new(Sampler::new(Sampling { first: 0, every: 10 }));
+        let taken: usize = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || (0..10_000).filter(|i| s.take((i % 7) as u64)).count())
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum();
+        // 7 keys, 40000 calls: each key's calls are counted exactly, 1 in 10 taken.
+        assert_eq!(taken, (0..7).map(|k| (40_000 / 7 + usize::from(k < 40_000 % 7)).div_ceil(10)).sum::<usize>());
     }
 
     #[test]

@@ -448,7 +448,8 @@ impl RawClassic {
         KeyHasher::new(entry)
             .mix(self.a.ptr)
             .mix(self.m as u64)
-            .mix(self.n as u64)
+            // Not n: the vendor's n is the token count (problem M), which is not part of a
+            // site's identity (prefill and decode calls of one layer are one site).
             .mix(self.k as u64)
             .mix(self.batch as u64)
             .mix(pair(self.trans_a, self.trans_b))
