@@ -547,12 +547,29 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     double y = 0.0, x = 0.0;
     if (active && lane < (unsigned)KP) {
         double ys = 0.0, xa = 0.0, xc = 0.0;
-#pragma unroll 4
-        for (unsigned s = 0; s < S; ++s) {
-            const double* ps = (const double*)P.partials_ptr + ((((qs_u64)gi * S + s) * QS_WARPS_PER_BLOCK + warp) * 3) * KP;
-            xa += qs_ldcg_f64(ps + lane);
-            ys += qs_ldcg_f64(ps + KP + lane);
-            xc += qs_ldcg_f64(ps + 2 * KP + lane);
+        // Batches of 8 splits: 24 independent loads in flight, then the sums in split order
+        // (up to QS_MAX_SPLITS = 64 splits cost 8 round trips, not 64 / unroll).
+        for (unsigned s0 = 0; s0 < S; s0 += 8) {
+            double va[8], vy[8], vc[8];
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                va[u] = vy[u] = vc[u] = 0.0;
+                if (s0 + u < S) {
+                    const double* ps =
+                        (const double*)P.partials_ptr + ((((qs_u64)gi * S + s0 + u) * QS_WARPS_PER_BLOCK + warp) * 3) * KP;
+                    va[u] = qs_ldcg_f64(ps + lane);
+                    vy[u] = qs_ldcg_f64(ps + KP + lane);
+                    vc[u] = qs_ldcg_f64(ps + 2 * KP + lane);
+                }
+            }
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                if (s0 + u < S) {
+                    xa += va[u];
+                    ys += vy[u];
+                    xc += vc[u];
+                }
+            }
         }
         double bias_term = 0.0;
         if (g.bias.ptr) {
