@@ -1024,8 +1024,11 @@ impl SketchGeometry {
 }
 
 /// Geometry of a compare launch: a warp per row for rows up to 8192 elements (measured on an
-/// H200 at 8192 x 8192 bf16: 2.7 TB/s a warp per row, 2.2 TB/s a block per row), a block per
-/// row beyond that (few long rows need the parallelism) and always for logits.
+/// H200 at 8192 x 8192 bf16: 2.7 TB/s a warp per row, 2.2 TB/s a block per row), and for longer
+/// rows too when there are enough of them to give every warp of two resident blocks per SM its
+/// own row (H100 at 4096 x 14336 bf16 a block per row: 0.69 of copy bandwidth, the per-row block
+/// reduction between short streams); a block per row for few long rows (they need the
+/// parallelism) and always for logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompareGeometry {
     pub launch: LaunchConfig,
@@ -1034,8 +1037,9 @@ pub struct CompareGeometry {
 
 impl CompareGeometry {
     pub fn new(rows: u64, n: u64, logits: bool, sm_count: u32, warp_size: u32) -> Result<Self, AbiError> {
-        let block_per_row = logits || n > 8192;
         let warps = (BLOCK_THREADS / warp_size) as u64;
+        let fills_gpu = rows >= 2 * sm_count.max(1) as u64 * warps;
+        let block_per_row = logits || (n > 8192 && !fills_gpu);
         let units_per_block = if block_per_row { 1 } else { warps };
         let blocks = rows.max(1).div_ceil(units_per_block).clamp(1, 8 * sm_count.max(1) as u64);
         Ok(CompareGeometry { launch: LaunchConfig::new([blocks, 1, 1], BLOCK_THREADS)?, block_per_row })
@@ -1367,6 +1371,10 @@ mod tests {
         assert!(padded_probes(0).is_err() && padded_probes(33).is_err());
         let c = CompareGeometry::new(256, 152_064, true, 132, 32).unwrap();
         assert!(c.block_per_row && c.launch.grid[0] == 256);
+        // Long rows: a block each when few, a warp each when they fill the GPU.
+        assert!(CompareGeometry::new(256, 14_336, false, 132, 32).unwrap().block_per_row);
+        let many = CompareGeometry::new(4096, 14_336, false, 132, 32).unwrap();
+        assert!(!many.block_per_row && many.launch.grid[0] == 512);
     }
 
     #[test]
