@@ -35,6 +35,10 @@ struct QsCompareSmem {
     qs_u32 idx[QS_WARPS_PER_BLOCK];
     qs_u32 top_idx[2][QS_MAX_TOPK];  // [0] ref, [1] prod
     double top_val[2][QS_MAX_TOPK];
+    // Running results of each row owner (lane 0 of a warp, or thread 0 in block mode): kept
+    // here rather than in registers, which the streaming loop needs (no spills at 2 blocks/SM).
+    QsSums tot[QS_WARPS_PER_BLOCK];
+    QsWorst wst[QS_WARPS_PER_BLOCK];
     QsComparePartial part;
     QsComparePartial wpart[QS_WARPS_PER_BLOCK];
     QsResultSlot slot;
@@ -370,11 +374,12 @@ QS_DEVICE void qs_compare_body(const QsCompareParams& P, bool valid, QsCompareSm
     const unsigned kk = (unsigned)(P.topk < 1 ? 1 : (P.topk > QS_MAX_TOPK ? QS_MAX_TOPK : P.topk));
     const unsigned topk = (qs_u64)kk < P.n ? kk : (unsigned)(P.n > 0 ? P.n : 1);  // compare_logits k
 
-    // Running results of this thread's rows (held by the row owner: lane 0 / thread 0).
-    QsSums total;
-    qs_sums_zero(total);
-    QsWorst worst;
-    qs_worst_none(worst);
+    // Running results of this thread's rows: the row owner's (lane 0 / thread 0) slot in shared
+    // memory, read and written only by that thread until the barrier after the row loop.
+    if (lane == 0) {
+        qs_sums_zero(sm.tot[warp]);
+        qs_worst_none(sm.wst[warp]);
+    }
     qs_u64 lrows = 0, top1 = 0, hits = 0, kl_bad = 0, kl_max_t = ~0ull;
     double kl_sum = 0.0, kl_max = -1.0;
 
@@ -419,7 +424,8 @@ QS_DEVICE void qs_compare_body(const QsCompareParams& P, bool valid, QsCompareSm
         }
         const bool owner = per_block ? threadIdx.x == 0 : lane == 0;
         if (owner && ok) {
-            qs_sums_merge(total, rs);
+            qs_sums_merge(sm.tot[warp], rs);
+            QsWorst& worst = sm.wst[warp];
             const double c = qs_row_rank_cosine(rs);
             if (qs_worse(c, t, worst)) {
                 worst.t = t;
@@ -510,23 +516,18 @@ QS_DEVICE void qs_compare_body(const QsCompareParams& P, bool valid, QsCompareSm
 
     // ---- block partial: merge the row owners in warp order ----
     __syncthreads();
-    if (!per_block && lane == 0) {
-        sm.sums[warp] = total;
-        sm.worst[warp] = worst;
-    }
-    __syncthreads();
     QsComparePartial* parts = (QsComparePartial*)P.partials_ptr;
     if (threadIdx.x == 0) {
         QsComparePartial& bp = sm.part;
         if (per_block) {
-            bp.sums = total;
-            bp.worst = worst;
+            bp.sums = sm.tot[0];
+            bp.worst = sm.wst[0];
         } else {
             qs_sums_zero(bp.sums);
             qs_worst_none(bp.worst);
             for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-                qs_sums_merge(bp.sums, sm.sums[w]);
-                qs_worst_merge(bp.worst, sm.worst[w]);
+                qs_sums_merge(bp.sums, sm.tot[w]);
+                qs_worst_merge(bp.worst, sm.wst[w]);
             }
         }
         bp.logits_rows = lrows;

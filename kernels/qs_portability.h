@@ -142,6 +142,72 @@ QS_DEVICE double qs_warp_max(double v) {
     return v;
 }
 
+// ---- tensor cores (CUDA sm_80+) ---------------------------------------------------------------
+// QS_HAVE_MMA: warp-level mma.sync with f32 accumulation (m16n8k8 tf32, m16n8k16 bf16 / f16),
+// used by the sketch projections. Fragment layouts (PTX ISA "Matrix Fragments for mma.m16n8k*"),
+// with lane = 4 g + t (g = groupID 0..7, t = threadID_in_group 0..3):
+//   m16n8k8 tf32   A (16 x 8):  a0 (g, t)  a1 (g + 8, t)  a2 (g, t + 4)  a3 (g + 8, t + 4)
+//                  B (8 x 8):   b0 (k = t, n = g)  b1 (k = t + 4, n = g)
+//   m16n8k16 16-bit A (16 x 16), two elements per register, low half first:
+//                  a[0] (g, 2t..2t+1)  a[1] (g + 8, 2t..2t+1)  a[2] (g, 2t+8..)  a[3] (g + 8, 2t+8..)
+//                  B (16 x 8):  b[0] (k = 2t..2t+1, n = g)  b[1] (k = 2t+8..2t+9, n = g)
+//   C (16 x 8, f32): c0 (g, 2t)  c1 (g, 2t + 1)  c2 (g + 8, 2t)  c3 (g + 8, 2t + 1)
+// HIP (MFMA layouts differ) and older CUDA architectures take the scalar paths.
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define QS_HAVE_MMA 1
+#else
+#define QS_HAVE_MMA 0
+#endif
+
+#if QS_HAVE_MMA
+QS_DEVICE void qs_mma_tf32(float (&c)[4], qs_u32 a0, qs_u32 a1, qs_u32 a2, qs_u32 a3, qs_u32 b0, qs_u32 b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// F16 = true: f16 inputs, else bf16.
+template <bool F16>
+QS_DEVICE void qs_mma_16bit(float (&c)[4], qs_u32 a0, qs_u32 a1, qs_u32 a2, qs_u32 a3, qs_u32 b0, qs_u32 b1) {
+    if constexpr (F16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+// PTX prmt (generic mode): result byte i = source byte sel_i & 7 of {b, a}, or that byte's sign
+// bit replicated over 8 bits when sel_i & 8.
+QS_DEVICE qs_u32 qs_prmt(qs_u32 a, qs_u32 b, qs_u32 sel) {
+    qs_u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+// Two f32 values as f16x2 (lo in the low half), round to nearest even (exact for the values
+// the callers pass: decoded FP8).
+QS_DEVICE qs_u32 qs_f16x2_from_f32(float lo, float hi) {
+    unsigned short l, h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+    return (qs_u32)l | ((qs_u32)h << 16);
+}
+#if __CUDA_ARCH__ >= 890
+#define QS_HAVE_FP8_CVT 1
+// Two OCP e4m3 codes (low byte first) as f16x2, exactly (every e4m3 value, NaN included, is an
+// f16 value).
+QS_DEVICE qs_u32 qs_f16x2_from_e4m3x2(qs_u32 two) {
+    qs_u32 d;
+    const unsigned short s = (unsigned short)(two & 0xFFFFu);
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(s));
+    return d;
+}
+#else
+#define QS_HAVE_FP8_CVT 0
+#endif
+#endif
+
 // ---- fast division by a run-time invariant divisor ------------------------------------------
 // Scale lookups divide element coordinates by block sizes that are only known at run time;
 // a hardware-free division costs ~20 instructions, a multiply-high ~2. Valid for numerators

@@ -227,17 +227,27 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
 // qs_sketch_check_{a}_{d}: grid (groups, splits <= QS_MAX_SPLITS), QS_BLOCK threads, one warp
 // per sampled row (abi.rs SketchGeometry sizes it and its scratch).
 //
-// Each block projects its rows over one K slice (A W_R, with W_R staged through shared memory
-// in software-pipelined chunks) and one N slice (D R and C R, vector loads) and writes f64
-// partials. The last split block of a group (last-block-done, per-group counter) sums the
+// Each block projects its rows over one K slice (A W_R) and one N slice (D R and C R) and writes
+// f64 partials. On CUDA sm_80+ the A W_R and D R projections run on tensor cores with the
+// block's 8 rows as the N = 8 side of mma.sync tiles and the warps splitting the slice (see
+// "tensor-core projections" below; D R for bf16, f16 and FP8 D, other D formats take the scalar
+// path). Elsewhere (HIP, older CUDA) a warp projects its row: A W_R with W_R staged through
+// shared memory in software-pipelined chunks, D R with vector loads and sign flips. The last split block of a group (last-block-done, per-group counter) sums the
 // partials in split order, forms y and x, and reduces the group's rows; the last group block
 // (a second counter) merges the groups (strided per thread, warp butterflies, fixed warp order)
 // and writes the ring slot: one launch, no host sync, deterministic for a given grid,
 // graph-replay safe (counters reset by the blocks that finish them).
-// Measured on an H200: 256 rows of a 4096 x 4096 FP8 problem in ~46 us at k = 32, dominated by
-// the fixed latency of these stages (8 rows take 44 us); see sketch.rs for the numbers.
+// Measured before the tensor-core path (scalar projections, 128 registers, H100): 256 rows of
+// a 4096 x 4096 problem in ~44 us at k = 32, ~5000 instructions per warp, most of them the
+// 4 integer/float operations per element and probe of the D R sign flips.
 // ================================================================================================
 #define QS_WR_CHUNK 128
+
+// The sampled row a warp owns in the scalar world (warp w <-> row w of the group).
+struct QsRowInfo {
+    qs_u64 item, i;
+    qs_u32 active, reserved;
+};
 
 struct QsSketchSmem {
     QsSums sums[QS_WARPS_PER_BLOCK];
@@ -246,9 +256,16 @@ struct QsSketchSmem {
     double fx[QS_WARPS_PER_BLOCK][QS_MAX_PROBES];
     qs_u64 nonfinite[QS_WARPS_PER_BLOCK][2];
     qs_u64 split_counts[QS_MAX_SPLITS][2];
+#if QS_HAVE_MMA
+    // Tensor-core path: each warp's f32 projections of the block's rows, [warp][row][probe],
+    // summed over the warps in warp order.
+    float red[QS_WARPS_PER_BLOCK][QS_WARPS_PER_BLOCK][QS_MAX_PROBES];
+    QsRowInfo rinfo[QS_WARPS_PER_BLOCK];
+#else
     // A W_R: a chunk of QS_WR_CHUNK rows of W_R, row stride kp + 4 floats (16-byte aligned rows;
     // lanes reading consecutive rows hit distinct banks).
     float wtile[QS_WR_CHUNK * (QS_MAX_PROBES + 4)];
+#endif
     QsSketchGroup group;
     QsResultSlot slot;
 };
@@ -376,6 +393,409 @@ QS_DEVICE bool qs_sketch_d_vec(const qs_u8* base, qs_u64 first, qs_u64 n0, qs_u6
     return true;
 }
 
+// ---- tensor-core projections (CUDA sm_80+, QS_HAVE_MMA) ----------------------------------------
+// The block's 8 sampled rows are the N = 8 columns of warp-level mma.sync tiles, the probes
+// their M rows, and the block's K / N slice is the reduction dimension, split between the warps
+// in chunks (warp w takes chunks w, w + 8, ...). Each warp's 8 x kp partial projections go to
+// shared memory and are summed over the warps in warp order (deterministic for a given grid).
+//
+// D R (m16n8k16, bf16 or f16 inputs, f32 accumulation): A = R^T (probes x columns, +-1, exact),
+// B = D^T (columns x rows). bf16 and f16 D are used as stored, FP8 D is converted to f16
+// exactly. Products are exact; only the f32 accumulation order differs from the scalar path.
+// Column slots of one k16 step: thread t owns 8 (16-bit D) or 16 (FP8) consecutive columns of
+// a chunk and loads them as one 16-byte vector; step s gives slots 2t, 2t+1 to its columns
+// 4s, 4s+1 and slots 2t+8, 2t+9 to 4s+2, 4s+3 (any bijection works if A and B agree).
+// Probe p = m + 16 T (tile T); the sign fragments come from the sign words by a byte permute:
+// z = word << (7 - g) puts the sign of probe g + 8q at bit 7 of byte q, prmt replicates it
+// over the byte and a mask turns 0x3F80 (+1) into 0xBF80 (-1). Per 16 columns x 8 rows x 32
+// probes: 8 sign registers (prmt + lop3 each) and 2 mma, against 16 x 32 x 4 = 2048
+// integer/float operations (128 per lane x 16 lanes' worth) in the scalar qs_signed_add path.
+//
+// A W_R (m16n8k8 tf32, f32 accumulation): A = W_R^T (probes x k), B = A_ref^T (k x rows).
+// W_R (f32) is split as hi = its top 19 bits (exact tf32) + lo = w - hi (exact in f32, passed as
+// tf32, i.e. truncated to 11 significant bits): |error| < 2^-20 |w| per element. A_ref is exact
+// in tf32 for every element format but f32 / i32 (11 significant bits at most); scaled or f32
+// A is split the same way (3 mma: hi.hi, lo.hi, hi.lo). Thread t owns the 8 consecutive k's
+// 8t..8t+7 of a 32-k chunk: step s gives slot t to k = 8t + 2s and slot t + 4 to 8t + 2s + 1,
+// and its probes are kp/8 consecutive ones (p = (kp/8) g + 2T + h for m = g + 8h of tile T), so
+// W_R rows load as float4 / float2 / float. With a batched W_R (one per batch item), rows of
+// different items run in separate passes, one per distinct item in row order.
+#if QS_HAVE_MMA
+template <int DF>
+struct QsDMma {
+    static constexpr bool OK = DF == QS_FMT_BF16 || DF == QS_FMT_F16 || DF == QS_FMT_E4M3FN ||
+                               DF == QS_FMT_E4M3FNUZ || DF == QS_FMT_E5M2 || DF == QS_FMT_E5M2FNUZ;
+    static constexpr bool F16 = DF != QS_FMT_BF16;
+    static constexpr int BITS = QsFmt<DF>::BITS;
+    static constexpr int CPT = 128 / BITS;  // columns per thread per chunk: one 16-byte vector
+    static constexpr int WORDS = CPT / 2;   // 16-bit pairs per chunk
+    static constexpr qs_u32 ONE2 = F16 ? 0x3C003C00u : 0x3F803F80u;   // +1, +1
+    static constexpr qs_u32 EXP2 = F16 ? 0x7C007C00u : 0x7F807F80u;   // exponent fields
+    static constexpr qs_u32 ELSB2 = F16 ? 0x04000400u : 0x00800080u;  // their lowest bits
+};
+
+// Sign fragment: low half +-1 with the sign of probe g + 8q of column x, high half of column y
+// (x, y: sign words shifted left by 7 - g).
+// q is a constant after unrolling, so the selector is an immediate.
+template <qs_u32 ONE2>
+QS_DEVICE qs_u32 qs_sign_pair(qs_u32 x, qs_u32 y, unsigned q) {
+    return (qs_prmt(x, y, ((12u + q) << 12) | ((8u + q) << 4)) & 0x80008000u) | ONE2;
+}
+
+// 16 bytes of D codes as 16-bit pairs of the mma input format.
+template <int DF>
+QS_DEVICE void qs_d_words(const uint4 q, qs_u32 (&w)[QsDMma<DF>::WORDS]) {
+    if constexpr (QsDMma<DF>::BITS == 16) {
+        w[0] = q.x;
+        w[1] = q.y;
+        w[2] = q.z;
+        w[3] = q.w;
+    } else {
+        const qs_u32 src[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (DF == QS_FMT_E5M2) {
+                // e5m2 is the high byte of the f16 with the same value.
+                w[2 * i] = qs_prmt(src[i], 0u, 0x1404u);
+                w[2 * i + 1] = qs_prmt(src[i], 0u, 0x3424u);
+            }
+#if QS_HAVE_FP8_CVT
+            else if constexpr (DF == QS_FMT_E4M3FN) {
+                w[2 * i] = qs_f16x2_from_e4m3x2(src[i] & 0xFFFFu);
+                w[2 * i + 1] = qs_f16x2_from_e4m3x2(src[i] >> 16);
+            }
+#endif
+            else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const qs_u32 c0 = (src[i] >> (16 * h)) & 0xFFu, c1 = (src[i] >> (16 * h + 8)) & 0xFFu;
+                    w[2 * i + h] = qs_f16x2_from_f32(QsFmt<DF>::f32(c0), QsFmt<DF>::f32(c1));
+                }
+            }
+        }
+    }
+}
+
+// D codes of columns [j, j + CPT) of one row (element j at first + j * stride): one vector load
+// when contiguous, aligned and in bounds, else element by element (columns >= n1 read as 0,
+// elements past the extent as 0 with the check flagged).
+template <int DF>
+QS_DEVICE uint4 qs_d_codes(const qs_u8* base, qs_u64 first, qs_u64 stride, qs_u64 j, qs_u64 n1, qs_u64 extent,
+                           qs_u64 st) {
+    constexpr int BITS = QsDMma<DF>::BITS, CPT = QsDMma<DF>::CPT;
+    if (stride == 1 && j + CPT <= n1 && first + j + CPT <= extent) {
+        const qs_u8* p = base + ((first + j) * BITS) / 8;
+        if (((qs_u64)p & 15u) == 0) return *(const uint4*)p;
+    }
+    qs_u32 w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int e = 0; e < CPT; ++e) {
+        if (j + e < n1) {
+            const qs_u64 off = first + (j + e) * stride;
+            qs_u32 code = 0;
+            if (off < extent) {
+                code = qs_load_code_bits<BITS>(base, off);
+            } else {
+                qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+            }
+            w[(e * BITS) / 32] |= code << ((e * BITS) % 32);
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Sums of each warp's [row][probe] projections over the warps, in warp order, into the f64
+// partials (`which`: 0 = A W_R, 1 = D R) of the block's rows.
+template <int KP>
+QS_DEVICE void qs_mma_reduce(QsSketchSmem& sm, double* blk, unsigned which) {
+    __syncthreads();
+    for (unsigned e = threadIdx.x; e < QS_WARPS_PER_BLOCK * KP; e += QS_BLOCK) {
+        const unsigned row = e / KP, p = e % KP;
+        double s = 0.0;
+#pragma unroll
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) s += (double)sm.red[w][row][p];
+        blk[((qs_u64)row * 3 + which) * KP + p] = s;
+    }
+    __syncthreads();
+}
+
+template <int KP>
+QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, qs_u64 n0, qs_u64 n1, unsigned lane,
+                        unsigned warp, qs_u64& nan_d, qs_u64& inf_d) {
+    using M = QsDMma<QS_D_FMT>;
+    constexpr int NT = KP == 32 ? 2 : 1;  // 16-probe tiles
+    constexpr int CPT = M::CPT, CHUNK = 4 * CPT;
+    const QsGemmDesc& g = P.g;
+    const qs_u64 st = P.status_ptr;
+    const unsigned gq = lane >> 2, tq = lane & 3u;
+    const QsRowInfo rg = sm.rinfo[gq];
+    const qs_u64 first = rg.active ? qs_out_offset(g.d, rg.item, rg.i, 0) : 0;
+    const qs_u64 stride = g.d.order == QS_ORDER_ROW ? 1 : g.d.ld;
+    const qs_u8* base = (const qs_u8*)g.d.ptr;
+    const qs_u32* signs = (const qs_u32*)P.signs_ptr;
+    float acc[NT][4];
+#pragma unroll
+    for (int T = 0; T < NT; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
+    qs_u32 nonfinite = 0;
+    // Two chunks per iteration: both chunks' loads are in flight before any math.
+    for (qs_u64 c0 = n0 + (qs_u64)warp * CHUNK; c0 < n1; c0 += 2ull * QS_WARPS_PER_BLOCK * CHUNK) {
+        uint4 q[2];
+        qs_u32 sw[2][CPT];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const qs_u64 j = c0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + (qs_u64)CPT * tq;
+            q[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (rg.active && j < n1) q[u] = qs_d_codes<QS_D_FMT>(base, first, stride, j, n1, g.d.extent, st);
+            if (j + CPT <= n1) {
+                const uint4* s4 = (const uint4*)(signs + j);
+#pragma unroll
+                for (int i = 0; i < CPT / 4; ++i) {
+                    const uint4 x = s4[i];
+                    sw[u][4 * i] = x.x;
+                    sw[u][4 * i + 1] = x.y;
+                    sw[u][4 * i + 2] = x.z;
+                    sw[u][4 * i + 3] = x.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < CPT; ++e) sw[u][e] = j + e < n1 ? signs[j + e] : 0u;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            qs_u32 w[M::WORDS];
+            qs_d_words<QS_D_FMT>(q[u], w);
+#pragma unroll
+            for (int i = 0; i < M::WORDS; ++i) nonfinite |= (w[i] & M::EXP2) + M::ELSB2;
+            if ((nonfinite & 0x80008000u) != 0) {
+                // Rare: count D's NaN / Inf elements exactly (zero padding is finite).
+                constexpr qs_u32 EXPH = M::EXP2 & 0xFFFFu, MANH = M::F16 ? 0x03FFu : 0x007Fu;
+#pragma unroll
+                for (int i = 0; i < M::WORDS; ++i) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const qs_u32 x = (w[i] >> (16 * h)) & 0xFFFFu;
+                        if ((x & EXPH) == EXPH) {
+                            nan_d += (x & MANH) != 0;
+                            inf_d += (x & MANH) == 0;
+                        }
+                    }
+                }
+                nonfinite = 0;
+            }
+            qs_u32 z[CPT];
+#pragma unroll
+            for (int c = 0; c < CPT; ++c) z[c] = sw[u][c] << (7u - gq);
+#pragma unroll
+            for (int s = 0; s < M::WORDS / 2; ++s) {
+#pragma unroll
+                for (int T = 0; T < NT; ++T) {
+                    const qs_u32 a0 = qs_sign_pair<M::ONE2>(z[4 * s], z[4 * s + 1], 2 * T);
+                    const qs_u32 a2 = qs_sign_pair<M::ONE2>(z[4 * s + 2], z[4 * s + 3], 2 * T);
+                    qs_u32 a1 = 0u, a3 = 0u;  // probes 8..15 of tile T (none when kp = 8)
+                    if constexpr (KP > 8) {
+                        a1 = qs_sign_pair<M::ONE2>(z[4 * s], z[4 * s + 1], 2 * T + 1);
+                        a3 = qs_sign_pair<M::ONE2>(z[4 * s + 2], z[4 * s + 3], 2 * T + 1);
+                    }
+                    qs_mma_16bit<M::F16>(acc[T], a0, a1, a2, a3, w[2 * s], w[2 * s + 1]);
+                }
+            }
+        }
+    }
+    // C fragment: (probe g + 16T [+ 8], row 2t [+ 1]).
+#pragma unroll
+    for (int T = 0; T < NT; ++T) {
+        const unsigned p = gq + 16u * T;
+        sm.red[warp][2 * tq][p] = acc[T][0];
+        sm.red[warp][2 * tq + 1][p] = acc[T][1];
+        if constexpr (KP > 8) {
+            sm.red[warp][2 * tq][p + 8] = acc[T][2];
+            sm.red[warp][2 * tq + 1][p + 8] = acc[T][3];
+        }
+    }
+    qs_mma_reduce<KP>(sm, blk, 1);
+}
+
+// tf32 pieces of an f32 value: hi = top 19 bits (exact), lo = v - hi (exact; read as tf32).
+QS_DEVICE void qs_tf32_split(float v, qs_u32& hi, qs_u32& lo) {
+    hi = qs_f32_bits(v) & 0xFFFFE000u;
+    lo = qs_f32_bits(v - qs_f32_from_bits(hi));
+}
+
+// Elements k .. k + 7 of one row of A (element k at first + k * cs), decoded; k's at or past k1
+// read as 0, elements past the extent as 0 with the check flagged.
+template <int AF>
+QS_DEVICE void qs_a_load8(const qs_u8* base, qs_u64 first, qs_u64 cs, qs_u64 k, qs_u64 k1, qs_u64 extent, qs_u64 st,
+                          float (&a)[8]) {
+    constexpr int BITS = QsFmt<AF>::BITS;
+    constexpr qs_u64 ALIGN_BITS = BITS * 8 < 128 ? BITS * 8 : 128;  // 8 elements, at most 16 bytes
+    if (cs == 1 && k + 8 <= k1 && first + k + 8 <= extent &&
+        (((qs_u64)base * 8 + (first + k) * BITS) & (ALIGN_BITS - 1)) == 0) {
+        const qs_u8* p = base + ((first + k) * BITS) / 8;
+        qs_u32 w[8 * BITS / 32 > 0 ? 8 * BITS / 32 : 1];
+        if constexpr (BITS == 4) {
+            w[0] = *(const qs_u32*)p;
+        } else if constexpr (BITS == 8) {
+            const uint2 x = *(const uint2*)p;
+            w[0] = x.x;
+            w[1] = x.y;
+        } else {
+#pragma unroll
+            for (int v = 0; v < BITS / 16; ++v) {
+                const uint4 x = ((const uint4*)p)[v];
+                w[4 * v] = x.x;
+                w[4 * v + 1] = x.y;
+                w[4 * v + 2] = x.z;
+                w[4 * v + 3] = x.w;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const qs_u32 word = w[(e * BITS) / 32];
+            const qs_u32 code = BITS == 32 ? word : (word >> ((e * BITS) % 32)) & ((1u << (BITS & 31)) - 1u);
+            a[e] = QsFmt<AF>::f32(code);
+        }
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        a[e] = 0.0f;
+        if (k + e < k1) {
+            const qs_u64 off = first + (k + e) * cs;
+            if (off < extent) {
+                a[e] = qs_load_f32<AF>(base, off);
+            } else {
+                qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+            }
+        }
+    }
+}
+
+template <int KP>
+QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, unsigned lane, unsigned warp,
+                        unsigned si, unsigned S) {
+    constexpr int NT = KP == 32 ? 2 : 1;  // 16-probe tiles
+    constexpr int PPT = KP / 8;           // probes per thread per k (consecutive)
+    constexpr int CHUNK = 32;
+    // Element formats with at most 11 significant bits are exact in tf32.
+    constexpr bool A_EXACT = QS_A_FMT != QS_FMT_F32 && QS_A_FMT != QS_FMT_I32;
+    const QsGemmDesc& g = P.g;
+    const qs_u64 st = P.status_ptr;
+    const unsigned gq = lane >> 2, tq = lane & 3u;
+    const QsRowInfo rg = sm.rinfo[gq];
+    qs_u64 k0, k1;
+    qs_slice(g.k, si, S, &k0, &k1);
+    const QsOpStrides os = qs_op_strides(g.a);
+    const QsScaleLookup sc = qs_scale_lookup(g.a_scale);
+    const bool split_a = !A_EXACT || sc.present;
+    const bool scale_per8 = sc.present && sc.bi.d % 8u == 0;  // one scale per thread's 8 k's
+    const qs_u64 ob = (rg.active && sc.present) ? qs_fastdiv(rg.i, sc.bo) : 0;
+    const qs_u64 a_first = rg.item * g.a.batch_stride + rg.i * os.rs;
+    const qs_u8* abase = (const qs_u8*)g.a.ptr;
+    QsScaleCache cache;
+    cache.ib = ~0ull;
+    cache.s = 1.0f;
+    float acc[NT][4];
+#pragma unroll
+    for (int T = 0; T < NT; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
+
+    for (unsigned pr = 0; pr < QS_WARPS_PER_BLOCK; ++pr) {
+        // One pass per distinct W_R among the active rows (a single pass when W_R is shared).
+        const QsRowInfo rp = sm.rinfo[pr];
+        if (!rp.active) continue;
+        bool seen = false;
+        for (unsigned q = 0; q < pr; ++q) {
+            const QsRowInfo rq = sm.rinfo[q];
+            seen = seen || (rq.active && (P.wr_batch_stride == 0 || rq.item == rp.item));
+        }
+        if (seen) continue;
+        const bool use = rg.active && (P.wr_batch_stride == 0 || rg.item == rp.item);
+        const float* wr = (const float*)P.wr_ptr + rp.item * P.wr_batch_stride;
+        for (qs_u64 kc = k0 + (qs_u64)warp * CHUNK; kc < k1; kc += (qs_u64)QS_WARPS_PER_BLOCK * CHUNK) {
+            const qs_u64 kt = kc + 8u * tq;
+            float wv[8][PPT];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const qs_u64 k = kt + e;
+#pragma unroll
+                for (int h = 0; h < PPT; ++h) wv[e][h] = 0.0f;
+                if (k < k1) {
+                    const float* src = wr + k * KP + (qs_u64)PPT * gq;
+                    if constexpr (PPT == 4) {
+                        const float4 x = *(const float4*)src;
+                        wv[e][0] = x.x;
+                        wv[e][1] = x.y;
+                        wv[e][2] = x.z;
+                        wv[e][3] = x.w;
+                    } else if constexpr (PPT == 2) {
+                        const float2 x = *(const float2*)src;
+                        wv[e][0] = x.x;
+                        wv[e][1] = x.y;
+                    } else {
+                        wv[e][0] = *src;
+                    }
+                }
+            }
+            float av[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) av[e] = 0.0f;
+            if (use && kt < k1) {
+                qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av);
+                if (sc.present) {
+                    if (scale_per8) {
+                        const float s = qs_a_scale(sc, rg.item, ob, kt, cache, st);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) av[e] *= s;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e)
+                            if (kt + e < k1) av[e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
+                    }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                qs_u32 b0h, b0l, b1h, b1l;
+                if (split_a) {
+                    qs_tf32_split(av[2 * s], b0h, b0l);
+                    qs_tf32_split(av[2 * s + 1], b1h, b1l);
+                } else {
+                    b0h = qs_f32_bits(av[2 * s]);
+                    b1h = qs_f32_bits(av[2 * s + 1]);
+                    b0l = b1l = 0u;
+                }
+#pragma unroll
+                for (int T = 0; T < NT; ++T) {
+                    // a0 (m = g, slot t), a1 (m = g + 8, slot t), a2 (m = g, slot t + 4), a3 (m = g + 8, slot t + 4)
+                    qs_u32 h0, l0, h1 = 0u, l1 = 0u, h2, l2, h3 = 0u, l3 = 0u;
+                    qs_tf32_split(wv[2 * s][PPT >= 2 ? 2 * T : 0], h0, l0);
+                    qs_tf32_split(wv[2 * s + 1][PPT >= 2 ? 2 * T : 0], h2, l2);
+                    if constexpr (PPT >= 2) {
+                        qs_tf32_split(wv[2 * s][2 * T + 1], h1, l1);
+                        qs_tf32_split(wv[2 * s + 1][2 * T + 1], h3, l3);
+                    }
+                    qs_mma_tf32(acc[T], h0, h1, h2, h3, b0h, b1h);
+                    qs_mma_tf32(acc[T], l0, l1, l2, l3, b0h, b1h);
+                    if (split_a) qs_mma_tf32(acc[T], h0, h1, h2, h3, b0l, b1l);
+                }
+            }
+        }
+    }
+    // C fragment: (probe PPT g + 2T [+ 1], row 2t [+ 1]).
+#pragma unroll
+    for (int T = 0; T < NT; ++T) {
+        const unsigned p = PPT * gq + (PPT >= 2 ? 2u * T : 0u);
+        sm.red[warp][2 * tq][p] = acc[T][0];
+        sm.red[warp][2 * tq + 1][p] = acc[T][1];
+        if constexpr (PPT >= 2) {
+            sm.red[warp][2 * tq][p + 1] = acc[T][2];
+            sm.red[warp][2 * tq + 1][p + 1] = acc[T][3];
+        }
+    }
+    qs_mma_reduce<KP>(sm, blk, 0);
+}
+#endif
+
 template <int KP>
 QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketchSmem& sm) {
     const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
@@ -393,6 +813,20 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     qs_u64 nan_d = 0, inf_d = 0;
 
     // ---- A_ref[i, k-slice] W_R ------------------------------------------------------------
+#if QS_HAVE_MMA
+    // Tensor cores: the warps share the block's rows (see qs_mma_a above).
+    double* blk = (double*)P.partials_ptr + (((qs_u64)gi * S + si) * QS_WARPS_PER_BLOCK) * 3 * KP;
+    if (lane == 0) {
+        QsRowInfo r;
+        r.item = item;
+        r.i = i;
+        r.active = active;
+        r.reserved = 0;
+        sm.rinfo[warp] = r;
+    }
+    __syncthreads();
+    qs_mma_a<KP>(P, sm, blk, lane, warp, si, S);
+#else
     // Chunks of QS_WR_CHUNK k's: the block stages the chunk's W_R rows in shared memory with
     // coalesced loads that are all in flight at once (the W_R rows serve every row of the
     // group), each warp loads its row's A elements (lane + 32 e, coalesced, any layout), then
@@ -478,11 +912,22 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
         }
     }
     qs_warp_store<KP>(part, acc, lane);
+#endif
 
     // ---- D[i, n-slice] R, and C[i, n-slice] R ---------------------------------------------
     qs_u64 n0 = 0, n1 = 0;
     qs_slice(g.n, si, S, &n0, &n1);
     const qs_u32* signs = (const qs_u32*)P.signs_ptr;
+#if QS_HAVE_MMA
+    constexpr bool D_MMA = QsDMma<QS_D_FMT>::OK;
+#else
+    constexpr bool D_MMA = false;
+#endif
+    if constexpr (D_MMA) {
+#if QS_HAVE_MMA
+        qs_mma_d<KP>(P, sm, blk, n0, n1, lane, warp, nan_d, inf_d);
+#endif
+    } else {
 #pragma unroll
     for (int p = 0; p < KP; ++p) acc[p] = 0.0f;
     if (active) {
@@ -500,6 +945,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
                                 });
     }
     qs_warp_store<KP>(part + KP, acc, lane);
+    }
 
     if (g.c.ptr) {
 #pragma unroll
@@ -547,12 +993,29 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     double y = 0.0, x = 0.0;
     if (active && lane < (unsigned)KP) {
         double ys = 0.0, xa = 0.0, xc = 0.0;
-#pragma unroll 4
-        for (unsigned s = 0; s < S; ++s) {
-            const double* ps = (const double*)P.partials_ptr + ((((qs_u64)gi * S + s) * QS_WARPS_PER_BLOCK + warp) * 3) * KP;
-            xa += qs_ldcg_f64(ps + lane);
-            ys += qs_ldcg_f64(ps + KP + lane);
-            xc += qs_ldcg_f64(ps + 2 * KP + lane);
+        // Batches of 8 splits: 24 independent loads in flight, then the sums in split order
+        // (up to QS_MAX_SPLITS = 64 splits cost 8 round trips, not 64 / unroll).
+        for (unsigned s0 = 0; s0 < S; s0 += 8) {
+            double va[8], vy[8], vc[8];
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                va[u] = vy[u] = vc[u] = 0.0;
+                if (s0 + u < S) {
+                    const double* ps =
+                        (const double*)P.partials_ptr + ((((qs_u64)gi * S + s0 + u) * QS_WARPS_PER_BLOCK + warp) * 3) * KP;
+                    va[u] = qs_ldcg_f64(ps + lane);
+                    vy[u] = qs_ldcg_f64(ps + KP + lane);
+                    vc[u] = qs_ldcg_f64(ps + 2 * KP + lane);
+                }
+            }
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                if (s0 + u < S) {
+                    xa += va[u];
+                    ys += vy[u];
+                    xc += vc[u];
+                }
+            }
         }
         double bias_term = 0.0;
         if (g.bias.ptr) {

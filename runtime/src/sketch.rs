@@ -27,12 +27,14 @@
 //!   bad row is caught in the call whose window contains it (ceil(M / 256) calls cover every
 //!   row, see [`RowSample`]).
 //!
-//! Cost measured on an H200 (kernels/gpu_selftest.py, 4096 x 4096 x 4096 FP8, B the nn.Linear
-//! weight): one check of 256 rows takes ~46 us at k = 32 (~48 us at k = 16), nearly all of it
-//! fixed latency (8 rows take 44 us): the split/group/global reduction stages and their memory
-//! round trips, not bytes or probe arithmetic. That is ~30% of a 4096^3 FP8 GEMM (~150 us), so
-//! the runtime must sample which calls it checks; all 4096 rows take ~350 us (k = 32) or
-//! ~270 us (k = 8). W_R + probe preparation, once per weight: ~0.5 ms.
+//! Cost with the scalar projections (H100, `quantshadow bench gpu`, 4096 x 4096, k = 32): one
+//! check of 256 rows took ~44 us and of 1 row ~36 us, instruction/latency bound (4 integer/float
+//! operations per D element and probe for the sign flips, 128 registers, 8 blocks for one row),
+//! ~40% of a 4096^3 FP8 `_scaled_mm` (103 us). On CUDA sm_80+ the check now projects on tensor
+//! cores (exact +-1 probes, D exact in bf16/f16, W_R split into two tf32 pieces, f32
+//! accumulation: the host mirror's results up to accumulation order and a <2^-20 relative
+//! error per W_R element) over ~2 blocks per SM; not yet re-measured. W_R + probe preparation,
+//! once per weight: ~0.5 ms.
 
 use crate::metrics::{LogitsMetrics, MetricSums, Metrics, WorstRow};
 use crate::problem::BiasAxis;

@@ -968,6 +968,12 @@ pub fn sketch_wproj_launch(
     LaunchConfig::new([k_dim.div_ceil(per_block).clamp(1, 65535 * 64), 1, items], BLOCK_THREADS)
 }
 
+/// Blocks per SM the sketch check grid aims at (it is sized for 2 resident blocks per SM).
+pub const SKETCH_BLOCKS_PER_SM: u64 = 2;
+/// Narrowest K/N slice of one sketch split: the kernel's slices are whole multiples of 128
+/// elements (`qs_slice`), so narrower requests would only leave splits empty.
+pub const SKETCH_MIN_SLICE: u64 = 128;
+
 /// Geometry of one sketch check launch and the scratch it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SketchGeometry {
@@ -980,7 +986,10 @@ pub struct SketchGeometry {
 
 impl SketchGeometry {
     /// Groups of `BLOCK_THREADS / warp_size` rows (one warp each) and enough K/N splits to give
-    /// the GPU ~4 blocks per SM, each split at least 512 elements wide.
+    /// the GPU ~2 blocks per SM (one resident wave at the kernel's occupancy), each split at least
+    /// [`SKETCH_MIN_SLICE`] elements of the wider of K and N. Few rows (decode) therefore get many
+    /// narrow splits: one row of a 4096 x 4096 problem runs as 32 blocks of 128 elements instead
+    /// of 8 blocks of 512, so the serial work of each block (its latency) is 4x smaller.
     pub fn new(
         rows: u64,
         k_dim: u64,
@@ -992,9 +1001,9 @@ impl SketchGeometry {
         let kp = padded_probes(k)?;
         let rows_per_group = BLOCK_THREADS / warp_size;
         let groups = rows.max(1).div_ceil(rows_per_group as u64);
-        let want = (4 * sm_count.max(1) as u64).div_ceil(groups).max(1);
+        let want = (SKETCH_BLOCKS_PER_SM * sm_count.max(1) as u64).div_ceil(groups).max(1);
         let widest = k_dim.max(n_dim);
-        let splits = want.min(widest.div_ceil(512).max(1)).min(MAX_SPLITS as u64);
+        let splits = want.min(widest.div_ceil(SKETCH_MIN_SLICE).max(1)).min(MAX_SPLITS as u64);
         let launch = LaunchConfig::new([groups, splits, 1], BLOCK_THREADS)?;
         Ok(SketchGeometry { launch, groups: groups as u32, splits: splits as u32, rows_per_group, kp })
     }
@@ -1015,8 +1024,11 @@ impl SketchGeometry {
 }
 
 /// Geometry of a compare launch: a warp per row for rows up to 8192 elements (measured on an
-/// H200 at 8192 x 8192 bf16: 2.7 TB/s a warp per row, 2.2 TB/s a block per row), a block per
-/// row beyond that (few long rows need the parallelism) and always for logits.
+/// H200 at 8192 x 8192 bf16: 2.7 TB/s a warp per row, 2.2 TB/s a block per row), and for longer
+/// rows too when there are enough of them to give every warp of two resident blocks per SM its
+/// own row (H100 at 4096 x 14336 bf16 a block per row: 0.69 of copy bandwidth, the per-row block
+/// reduction between short streams); a block per row for few long rows (they need the
+/// parallelism) and always for logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompareGeometry {
     pub launch: LaunchConfig,
@@ -1025,8 +1037,9 @@ pub struct CompareGeometry {
 
 impl CompareGeometry {
     pub fn new(rows: u64, n: u64, logits: bool, sm_count: u32, warp_size: u32) -> Result<Self, AbiError> {
-        let block_per_row = logits || n > 8192;
         let warps = (BLOCK_THREADS / warp_size) as u64;
+        let fills_gpu = rows >= 2 * sm_count.max(1) as u64 * warps;
+        let block_per_row = logits || (n > 8192 && !fills_gpu);
         let units_per_block = if block_per_row { 1 } else { warps };
         let blocks = rows.max(1).div_ceil(units_per_block).clamp(1, 8 * sm_count.max(1) as u64);
         Ok(CompareGeometry { launch: LaunchConfig::new([blocks, 1, 1], BLOCK_THREADS)?, block_per_row })
@@ -1347,9 +1360,21 @@ mod tests {
         assert_eq!(g.kp, 32);
         let one = SketchGeometry::new(1, 64, 64, 8, 132, 32).unwrap();
         assert_eq!((one.groups, one.splits), (1, 1));
+        // Decode: one row of 4096 x 4096 is spread over 32 splits of 128 elements.
+        let dec = SketchGeometry::new(1, 4096, 4096, 32, 132, 32).unwrap();
+        assert_eq!((dec.groups, dec.splits), (1, 32));
+        // An LM head row: as many splits as the kernel allows.
+        let head = SketchGeometry::new(1, 4096, 128_256, 32, 132, 32).unwrap();
+        assert_eq!(head.splits, MAX_SPLITS);
+        // 256 rows: ~2 blocks per SM.
+        assert_eq!(g.groups * g.splits, 32 * 9);
         assert!(padded_probes(0).is_err() && padded_probes(33).is_err());
         let c = CompareGeometry::new(256, 152_064, true, 132, 32).unwrap();
         assert!(c.block_per_row && c.launch.grid[0] == 256);
+        // Long rows: a block each when few, a warp each when they fill the GPU.
+        assert!(CompareGeometry::new(256, 14_336, false, 132, 32).unwrap().block_per_row);
+        let many = CompareGeometry::new(4096, 14_336, false, 132, 32).unwrap();
+        assert!(!many.block_per_row && many.launch.grid[0] == 512);
     }
 
     #[test]
