@@ -57,7 +57,8 @@ fn checked_run(dir: &Path, scenario: &str, env: &[(&str, &str)]) -> (Output, Vec
     let run = dir.join("run.qsr");
     let collector = Collector::start(&Address::Unix(sock.clone()), &run).unwrap();
     let address = format!("unix:{}", sock.display());
-    let mut all: Vec<(&str, &str)> = vec![("QUANTSHADOW_COLLECTOR", &address), ("QUANTSHADOW_DEVICE", "host")];
+    let mut all: Vec<(&str, &str)> =
+        vec![("QUANTSHADOW_COLLECTOR", &address), ("QUANTSHADOW_DEVICE", "host")];
     all.extend_from_slice(env);
     let out = fixture(scenario, &all, true);
     collector.shutdown();
@@ -135,7 +136,12 @@ fn every_mode_leaves_results_unchanged_and_checks_every_supported_call() {
             assert!(o.metrics.is_some());
         }
         let r = report_of(dir.path());
-        assert_eq!(r.verdict, Verdict::Pass, "{mode}: {}", std::fs::read_to_string(dir.path().join("report.md")).unwrap());
+        assert_eq!(
+            r.verdict,
+            Verdict::Pass,
+            "{mode}: {}",
+            std::fs::read_to_string(dir.path().join("report.md")).unwrap()
+        );
     }
 }
 

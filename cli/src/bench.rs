@@ -43,7 +43,15 @@ pub enum Which {
         no_validate: bool,
     },
     /// The reference kernels on the present GPU (full GEMM, sketch, compare).
-    Gpu,
+    Gpu {
+        /// Only these sections (comma-separated: copy, reference, sketch, compare).
+        #[arg(long, value_delimiter = ',', default_value = "copy,reference,sketch,compare",
+              value_parser = ["copy", "reference", "sketch", "compare"])]
+        only: Vec<String>,
+        /// Slots of the results ring in mapped host memory.
+        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+        ring_slots: u32,
+    },
     /// Report generation from a run file of this many observations.
     Report {
         #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -70,7 +78,7 @@ pub fn main(args: Args) -> ExitCode {
             bench_collector(&scratch.path, clients as usize, records_per_client, !no_validate)
         }
         // Printed as it goes; nothing more to print at the end.
-        Which::Gpu => crate::bench_gpu::run().map(|_| String::new()),
+        Which::Gpu { only, ring_slots } => crate::bench_gpu::run(&only, ring_slots).map(|_| String::new()),
         Which::Report { records, sites, configurations } => {
             bench_report(&scratch.path, records, sites, configurations)
         }

@@ -78,155 +78,176 @@ fn random_bytes(bytes: usize, seed: u64, format: Format) -> Vec<u8> {
     out
 }
 
-pub fn run() -> Result<String, String> {
+pub fn run(only: &[String], ring_slots: u32) -> Result<String, String> {
+    for s in only {
+        if !["copy", "reference", "sketch", "compare"].contains(&s.as_str()) {
+            return Err(format!("unknown section {s:?} (copy, reference, sketch, compare)"));
+        }
+    }
+    let want = |s: &str| only.iter().any(|o| o == s);
     let cuda = CudaRuntime::load().map_err(|e| e.to_string())?;
     cuda.activate_primary_context(0).map_err(|e| e.to_string())?;
-    let checker = GpuChecker::new(Arc::new(cuda), 4096).map_err(|e| e.to_string())?;
+    let checker = GpuChecker::new(Arc::new(cuda), ring_slots).map_err(|e| e.to_string())?;
     let rt = checker.runtime().clone();
     let mut report = String::new();
     emit(
         &mut report,
         &format!(
-            "GPU: {} ({}, {} SMs)\n\n",
+            "GPU: {} ({}, {} SMs), results ring of {ring_slots} slots\n\n",
             checker.info.name, checker.info.arch, checker.info.multiprocessors
         ),
     );
 
-    // Copy bandwidth: device-to-device copy of 1 GiB (bytes read + written).
-    let bytes = 1usize << 30;
-    let (src, dst) =
-        (checker.alloc(bytes).map_err(|e| e.to_string())?, checker.alloc(bytes).map_err(|e| e.to_string())?);
-    let copy_ms = time_ms(rt.as_ref(), 5, 5, || rt.copy_async(dst.ptr, src.ptr, bytes, Stream::default()))
-        .map_err(|e| e.to_string())?;
-    let copy_gbs = 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9;
-    emit(&mut report, &format!("Device copy bandwidth (read + write): {copy_gbs:.0} GB/s\n\n"));
-    drop((src, dst));
-
-    // Full reference GEMM throughput.
-    emit(&mut report, "| full reference | M x N x K | ms | TFLOP/s |\n| --- | --- | --- | --- |\n");
-    for (a, b, m, n, k) in [
-        (Format::Bf16, Format::Bf16, 4096u64, 4096u64, 4096u64),
-        (Format::E4m3fn, Format::E4m3fn, 4096, 4096, 4096),
-        (Format::Bf16, Format::Bf16, 4096, 14336, 4096),
-        (Format::Bf16, Format::Bf16, 4096, 4096, 14336),
-        (Format::E4m3fn, Format::E4m3fn, 4096, 14336, 4096),
-    ] {
-        let mut p = GemmProblem::row_major(m, n, k, a, b, Format::Bf16);
-        if a.bits() == 8 {
-            p.a_scale = Some(ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32));
-            p.b_scale = Some(ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32));
-        }
-        let up =
-            |bytes: usize, seed, f| checker.upload(&random_bytes(bytes, seed, f)).map_err(|e| e.to_string());
-        let a_buf = up(a.bytes_for((m * k) as usize), 1, a)?;
-        let b_buf = up(b.bytes_for((k * n) as usize), 2, b)?;
-        let sa = up((m * 4) as usize, 3, Format::F32)?;
-        let sb = up((n * 4) as usize, 4, Format::F32)?;
-        let bufs = GemmBuffers {
-            a: a_buf.ptr,
-            b: b_buf.ptr,
-            a_scale: sa.ptr,
-            b_scale: sb.ptr,
-            ..Default::default()
-        };
-        let out = checker.alloc((m * n * 4) as usize).map_err(|e| e.to_string())?;
-        let mut bufs = bufs;
-        bufs.d = out.ptr;
-        let g = QsGemmDesc::from_problem(&p, &bufs).map_err(|e| e.to_string())?;
-        let ms =
-            time_ms(rt.as_ref(), 3, 5, || checker.reference(&g, None, &out, n, false, Stream::default()))
+    // Copy bandwidth: also the yardstick of the compare section.
+    let mut copy_gbs = f64::NAN;
+    if want("copy") || want("compare") {
+        let bytes = 1usize << 30;
+        let (src, dst) = (
+            checker.alloc(bytes).map_err(|e| e.to_string())?,
+            checker.alloc(bytes).map_err(|e| e.to_string())?,
+        );
+        let copy_ms =
+            time_ms(rt.as_ref(), 5, 5, || rt.copy_async(dst.ptr, src.ptr, bytes, Stream::default()))
                 .map_err(|e| e.to_string())?;
-        let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
-        emit(&mut report, &format!("| {a}x{b} | {m}x{n}x{k} | {ms:.3} | {tflops:.1} |\n"));
+        copy_gbs = 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9;
+        emit(&mut report, &format!("Device copy bandwidth (read + write): {copy_gbs:.0} GB/s\n\n"));
+        drop((src, dst));
     }
 
-    // Sketch check per call (weight projection done once, outside the timing).
-    emit(&mut report, &format!(
-        "\n| sketch check (k = {DEFAULT_PROBES}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | us per call |\n| --- | --- | --- | --- | --- |\n"
-    ));
-    for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
-        for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
-            for m in [1u64, 16, 256, 4096] {
-                let mut p = GemmProblem::row_major(m, n, k, a, a, d);
-                if a.bits() == 8 {
-                    p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));
-                    p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));
-                }
-                let up = |bytes: usize, seed, f| {
-                    checker.upload(&random_bytes(bytes, seed, f)).map_err(|e| e.to_string())
-                };
-                let a_buf = up(a.bytes_for((m * k) as usize), 5, a)?;
-                let b_buf = up(a.bytes_for((k * n) as usize), 6, a)?;
-                let d_buf = up(d.bytes_for((m * n) as usize), 7, d)?;
-                let sa = up(4, 8, Format::F32)?;
-                let sb = up(4, 9, Format::F32)?;
-                let bufs = GemmBuffers {
-                    a: a_buf.ptr,
-                    b: b_buf.ptr,
-                    d: d_buf.ptr,
-                    a_scale: sa.ptr,
-                    b_scale: sb.ptr,
-                    ..Default::default()
-                };
-                let g = QsGemmDesc::from_problem(&p, &bufs).map_err(|e| e.to_string())?;
-                let weight =
-                    checker.sketch_weight(&g, a, d, 42, DEFAULT_PROBES).map_err(|e| e.to_string())?;
-                let sample = RowSample::new(42, m, DEFAULT_ROWS_PER_CALL);
-                let scratch = checker
-                    .sketch_scratch(sample.count.min(m), k, n, DEFAULT_PROBES, false)
+    if want("reference") {
+        // Full reference GEMM throughput.
+        emit(&mut report, "| full reference | M x N x K | ms | TFLOP/s |\n| --- | --- | --- | --- |\n");
+        for (a, b, m, n, k) in [
+            (Format::Bf16, Format::Bf16, 4096u64, 4096u64, 4096u64),
+            (Format::E4m3fn, Format::E4m3fn, 4096, 4096, 4096),
+            (Format::Bf16, Format::Bf16, 4096, 14336, 4096),
+            (Format::Bf16, Format::Bf16, 4096, 4096, 14336),
+            (Format::E4m3fn, Format::E4m3fn, 4096, 14336, 4096),
+        ] {
+            let mut p = GemmProblem::row_major(m, n, k, a, b, Format::Bf16);
+            if a.bits() == 8 {
+                p.a_scale = Some(ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32));
+                p.b_scale = Some(ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32));
+            }
+            let up = |bytes: usize, seed, f| {
+                checker.upload(&random_bytes(bytes, seed, f)).map_err(|e| e.to_string())
+            };
+            let a_buf = up(a.bytes_for((m * k) as usize), 1, a)?;
+            let b_buf = up(b.bytes_for((k * n) as usize), 2, b)?;
+            let sa = up((m * 4) as usize, 3, Format::F32)?;
+            let sb = up((n * 4) as usize, 4, Format::F32)?;
+            let bufs = GemmBuffers {
+                a: a_buf.ptr,
+                b: b_buf.ptr,
+                a_scale: sa.ptr,
+                b_scale: sb.ptr,
+                ..Default::default()
+            };
+            let out = checker.alloc((m * n * 4) as usize).map_err(|e| e.to_string())?;
+            let mut bufs = bufs;
+            bufs.d = out.ptr;
+            let g = QsGemmDesc::from_problem(&p, &bufs).map_err(|e| e.to_string())?;
+            let ms =
+                time_ms(rt.as_ref(), 3, 5, || checker.reference(&g, None, &out, n, false, Stream::default()))
                     .map_err(|e| e.to_string())?;
-                let epoch = checker.alloc_zeroed(8).map_err(|e| e.to_string())?;
-                // Drain the ring between timings so it never fills.
-                // Resolved once, as the shim's per-call path does: each call is one launch.
-                let rows = QsRowSel::sample(&sample, epoch.ptr, 0, true);
-                let prepared = checker
-                    .prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0))
-                    .map_err(|e| e.to_string())?;
-                let ms =
-                    time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
+            let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
+            emit(&mut report, &format!("| {a}x{b} | {m}x{n}x{k} | {ms:.3} | {tflops:.1} |\n"));
+        }
+    }
+
+    if want("sketch") {
+        // Sketch check per call (weight projection done once, outside the timing).
+        emit(&mut report, &format!(
+            "\n| sketch check (k = {DEFAULT_PROBES}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | us per call |\n| --- | --- | --- | --- | --- |\n"
+        ));
+        for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
+            for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
+                for m in [1u64, 16, 256, 4096] {
+                    let mut p = GemmProblem::row_major(m, n, k, a, a, d);
+                    if a.bits() == 8 {
+                        p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));
+                        p.b_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));
+                    }
+                    let up = |bytes: usize, seed, f| {
+                        checker.upload(&random_bytes(bytes, seed, f)).map_err(|e| e.to_string())
+                    };
+                    let a_buf = up(a.bytes_for((m * k) as usize), 5, a)?;
+                    let b_buf = up(a.bytes_for((k * n) as usize), 6, a)?;
+                    let d_buf = up(d.bytes_for((m * n) as usize), 7, d)?;
+                    let sa = up(4, 8, Format::F32)?;
+                    let sb = up(4, 9, Format::F32)?;
+                    let bufs = GemmBuffers {
+                        a: a_buf.ptr,
+                        b: b_buf.ptr,
+                        d: d_buf.ptr,
+                        a_scale: sa.ptr,
+                        b_scale: sb.ptr,
+                        ..Default::default()
+                    };
+                    let g = QsGemmDesc::from_problem(&p, &bufs).map_err(|e| e.to_string())?;
+                    let weight =
+                        checker.sketch_weight(&g, a, d, 42, DEFAULT_PROBES).map_err(|e| e.to_string())?;
+                    let sample = RowSample::new(42, m, DEFAULT_ROWS_PER_CALL);
+                    let scratch = checker
+                        .sketch_scratch(sample.count.min(m), k, n, DEFAULT_PROBES, false)
                         .map_err(|e| e.to_string())?;
-                while checker.ring.lock().unwrap().poll().is_some() {}
-                emit(&mut report, &format!("| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} |\n", ms * 1e3));
+                    let epoch = checker.alloc_zeroed(8).map_err(|e| e.to_string())?;
+                    // Drain the ring between timings so it never fills.
+                    // Resolved once, as the shim's per-call path does: each call is one launch.
+                    let rows = QsRowSel::sample(&sample, epoch.ptr, 0, true);
+                    let prepared = checker
+                        .prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0))
+                        .map_err(|e| e.to_string())?;
+                    let ms =
+                        time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
+                            .map_err(|e| e.to_string())?;
+                    while checker.ring.lock().unwrap().poll().is_some() {}
+                    emit(&mut report, &format!("| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} |\n", ms * 1e3));
+                }
             }
         }
     }
 
-    // Compare bandwidth: bf16 D (4096 x 14336) against its f32 reference.
-    let (m, n) = (4096u64, 14336u64);
-    let d_buf =
-        checker.upload(&random_bytes((m * n * 2) as usize, 10, Format::Bf16)).map_err(|e| e.to_string())?;
-    let r_buf =
-        checker.upload(&random_bytes((m * n * 4) as usize, 11, Format::F32)).map_err(|e| e.to_string())?;
-    let layout = quantshadow_runtime::problem::MatrixLayout::packed(
-        Format::Bf16,
-        quantshadow_runtime::problem::Order::RowMajor,
-        m,
-        n,
-    );
-    let d_desc = QsMatrixDesc::new(&layout, d_buf.ptr, Transpose::N, m, n, 1);
-    let scratch = checker.compare_scratch(m, n, false).map_err(|e| e.to_string())?;
-    let request = CompareRequest {
-        d: d_desc,
-        m,
-        n,
-        rows: QsRowSel::all(m),
-        reference: r_buf.ptr,
-        ref_ld: n,
-        logits_topk: None,
-        kind: quantshadow_runtime::device::abi::CHECK_FULL,
-        tag: (1, 0),
-    };
-    let prepared = checker.prepare_compare(&request, &scratch).map_err(|e| e.to_string())?;
-    let ms = time_ms(rt.as_ref(), 20, 5, || checker.launch_prepared(&prepared, Stream::default()))
-        .map_err(|e| e.to_string())?;
-    while checker.ring.lock().unwrap().poll().is_some() {}
-    let gbs = (m * n * 6) as f64 / (ms * 1e-3) / 1e9;
-    emit(
-        &mut report,
-        &format!(
-        "\nCompare (bf16 D vs f32 reference, {m}x{n}): {ms:.3} ms, {gbs:.0} GB/s = {:.2} of copy bandwidth\n",
-        gbs / copy_gbs
-    ),
-    );
+    if want("compare") {
+        // Compare bandwidth: bf16 D (4096 x 14336) against its f32 reference.
+        let (m, n) = (4096u64, 14336u64);
+        let d_buf = checker
+            .upload(&random_bytes((m * n * 2) as usize, 10, Format::Bf16))
+            .map_err(|e| e.to_string())?;
+        let r_buf = checker
+            .upload(&random_bytes((m * n * 4) as usize, 11, Format::F32))
+            .map_err(|e| e.to_string())?;
+        let layout = quantshadow_runtime::problem::MatrixLayout::packed(
+            Format::Bf16,
+            quantshadow_runtime::problem::Order::RowMajor,
+            m,
+            n,
+        );
+        let d_desc = QsMatrixDesc::new(&layout, d_buf.ptr, Transpose::N, m, n, 1);
+        let scratch = checker.compare_scratch(m, n, false).map_err(|e| e.to_string())?;
+        let request = CompareRequest {
+            d: d_desc,
+            m,
+            n,
+            rows: QsRowSel::all(m),
+            reference: r_buf.ptr,
+            ref_ld: n,
+            logits_topk: None,
+            kind: quantshadow_runtime::device::abi::CHECK_FULL,
+            tag: (1, 0),
+        };
+        let prepared = checker.prepare_compare(&request, &scratch).map_err(|e| e.to_string())?;
+        let ms = time_ms(rt.as_ref(), 20, 5, || checker.launch_prepared(&prepared, Stream::default()))
+            .map_err(|e| e.to_string())?;
+        while checker.ring.lock().unwrap().poll().is_some() {}
+        let gbs = (m * n * 6) as f64 / (ms * 1e-3) / 1e9;
+        emit(
+            &mut report,
+            &format!(
+            "\nCompare (bf16 D vs f32 reference, {m}x{n}): {ms:.3} ms, {gbs:.0} GB/s = {:.2} of copy bandwidth\n",
+            gbs / copy_gbs
+        ),
+        );
+    }
     Ok(report)
 }

@@ -75,7 +75,10 @@ pub fn run(args: &Args) -> Result<u8, String> {
     std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let run_file = args.out.join("run.qsr");
     if run_file.exists() {
-        return Err(format!("{} exists; choose another --out (runs are never overwritten)", run_file.display()));
+        return Err(format!(
+            "{} exists; choose another --out (runs are never overwritten)",
+            run_file.display()
+        ));
     }
     let private = private_dir()?;
     let socket = private.join("collector.sock");

@@ -71,7 +71,7 @@ def main():
     result = {"tokens": tokens.flatten().tolist()}
     if timing:
         prefill, decode = [], []
-        for _ in range(7):
+        for _ in range(11):
             _, tp, td = greedy(model, prompt, steps)
             prefill.append(prompt.shape[1] / tp)
             decode.append((steps - 1) / td)

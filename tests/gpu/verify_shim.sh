@@ -33,14 +33,19 @@ for step in $steps; do
     echo "llama sketch: run exit $?; tokens $(same "$OUT/llama_plain.json" "$OUT/llama_sketch.json")"
     ;;
   overhead)
-    python3 tests/gpu/torch_llama.py "$OUT/t_plain.json" --timing >"$OUT/t_plain.log" 2>&1
-    echo "no shim: $(tail -1 "$OUT/t_plain.log")"
-    for cfg in "off all" "observe all" "sketch all" "sketch 1/100"; do
-      set -- $cfg
-      tag="${1}_${2//\//_}"
-      QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
-        python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
-      echo "$1 $2: $(tail -1 "$OUT/t_$tag.log")"
+    # Two interleaved rounds of every configuration (the machine drifts; medians per run).
+    for round in 1 2; do
+      for cfg in "plain -" "off all" "observe all" "sketch all" "sketch 1/100"; do
+        set -- $cfg
+        tag="${1}_${2//\//_}_r$round"
+        if [ "$1" = plain ]; then
+          python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+        else
+          QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
+            python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+        fi
+        echo "round $round $1 $2: $(grep prefill_tok_s "$OUT/t_$tag.log")"
+      done
     done
     ;;
   esac

@@ -241,12 +241,21 @@ impl GpuChecker {
 
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, DeviceError> {
         if let Some(pool) = &self.pool {
-            let block = pool
-                .take(bytes.max(1))
-                .map_err(|e| DeviceError::Unsupported(format!("device pool: {e}")))?;
-            return Ok(DeviceBuffer { ptr: block.ptr(), bytes, runtime: self.runtime.clone(), block: Some(block) });
+            let block =
+                pool.take(bytes.max(1)).map_err(|e| DeviceError::Unsupported(format!("device pool: {e}")))?;
+            return Ok(DeviceBuffer {
+                ptr: block.ptr(),
+                bytes,
+                runtime: self.runtime.clone(),
+                block: Some(block),
+            });
         }
-        Ok(DeviceBuffer { ptr: self.runtime.malloc(bytes.max(1))?, bytes, runtime: self.runtime.clone(), block: None })
+        Ok(DeviceBuffer {
+            ptr: self.runtime.malloc(bytes.max(1))?,
+            bytes,
+            runtime: self.runtime.clone(),
+            block: None,
+        })
     }
 
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, DeviceError> {
@@ -506,7 +515,17 @@ impl GpuChecker {
         };
         let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
         self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream)?;
-        Ok(SketchWeight { seed, k, kp, signs, rsum, bproj, wr, wr_batch_stride, _prep: (partials, counter, status) })
+        Ok(SketchWeight {
+            seed,
+            k,
+            kp,
+            signs,
+            rsum,
+            bproj,
+            wr,
+            wr_batch_stride,
+            _prep: (partials, counter, status),
+        })
     }
 
     /// Scratch for sketch checks of `rows` rows of a K x N problem.

@@ -116,7 +116,12 @@ impl KernelRegistry {
         self.cache_dir.as_ref().map(|d| d.join(format!("{key:016x}.bin")))
     }
 
-    fn compile_to_cache(&self, runtime: &dyn GpuRuntime, build: &KernelBuild, key: u64) -> Result<Vec<u8>, DeviceError> {
+    fn compile_to_cache(
+        &self,
+        runtime: &dyn GpuRuntime,
+        build: &KernelBuild,
+        key: u64,
+    ) -> Result<Vec<u8>, DeviceError> {
         let options: Vec<String> = COMPILE_OPTIONS
             .iter()
             .map(|o| o.to_string())

@@ -12,7 +12,7 @@
 //!   event query; inside a capture the same launches are recorded and run at every replay,
 //!   each replay writing a fresh ring slot (device-side ticket) and rotating the sampled rows.
 
-use super::backend::{Backend, CheckOutcome, CheckRequest, PreCall, Polled};
+use super::backend::{Backend, CheckOutcome, CheckRequest, Polled, PreCall};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
@@ -109,7 +109,11 @@ fn err(e: impl std::fmt::Display) -> String {
 }
 
 impl GpuBackend {
-    pub fn new(runtime: Arc<dyn GpuRuntime>, name: &'static str, s: &GpuSettings) -> Result<GpuBackend, String> {
+    pub fn new(
+        runtime: Arc<dyn GpuRuntime>,
+        name: &'static str,
+        s: &GpuSettings,
+    ) -> Result<GpuBackend, String> {
         let checker = GpuChecker::new(runtime.clone(), s.ring_capacity).map_err(err)?;
         let pool = DevicePool::reserve(runtime.clone(), s.pool_bytes).map_err(err)?;
         let checker = Arc::new(checker.with_pool(pool));
@@ -142,11 +146,7 @@ impl GpuBackend {
             checker,
             sites: Mutex::new(HashMap::new()),
             ordinals: Mutex::new(HashMap::new()),
-            compiler: Compiler {
-                requests: Mutex::new(tx),
-                pending: Mutex::new(HashSet::new()),
-                ready,
-            },
+            compiler: Compiler { requests: Mutex::new(tx), pending: Mutex::new(HashSet::new()), ready },
             sync_compile: s.sync_compile,
         })
     }
@@ -174,18 +174,27 @@ impl GpuBackend {
             }
             Some(Ok(image)) => {
                 // Module loads wait for a call outside the capture.
-                self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(build.clone(), Ok(image));
+                self.compiler
+                    .ready
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(build.clone(), Ok(image));
                 Err(Skip::new("graph capture: kernels not loaded before the capture"))
             }
             Some(Err(e)) => {
                 // Keep the failure: every later call of this build skips with it.
-                self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(build.clone(), Err(e.clone()));
+                self.compiler
+                    .ready
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(build.clone(), Err(e.clone()));
                 Err(Skip::new("kernel compile failed"))
             }
             None => {
                 let mut pending = self.compiler.pending.lock().unwrap_or_else(|e| e.into_inner());
                 if pending.insert(build.clone()) {
-                    let _ = self.compiler.requests.lock().unwrap_or_else(|e| e.into_inner()).send(build.clone());
+                    let _ =
+                        self.compiler.requests.lock().unwrap_or_else(|e| e.into_inner()).send(build.clone());
                 }
                 Err(Skip::new("warming up: kernels compiling"))
             }
@@ -223,12 +232,23 @@ impl GpuBackend {
         self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).get(&site_id).copied().unwrap_or(u32::MAX)
     }
 
-    fn sketch(&self, req: &CheckRequest, g: &QsGemmDesc, stream: Stream, capturing: bool) -> Result<(), Skip> {
+    fn sketch(
+        &self,
+        req: &CheckRequest,
+        g: &QsGemmDesc,
+        stream: Stream,
+        capturing: bool,
+    ) -> Result<(), Skip> {
         let p = &req.call.problem;
         let (a, b, d) = (p.a.format, p.b.format, p.d.format);
         if !p.epilogue.is_linear() {
             // A projection cannot see through ReLU/GELU: check a row sample exactly instead.
-            return self.rows_or_full(&CheckRequest { mode: CheckMode::Rows, ..req.clone() }, g, stream, capturing);
+            return self.rows_or_full(
+                &CheckRequest { mode: CheckMode::Rows, ..req.clone() },
+                g,
+                stream,
+                capturing,
+            );
         }
         let build = KernelBuild::sketch(a, b, d).map_err(|e| Skip::new(format!("sketch: {e}")))?;
         self.ensure_program(&build, capturing)?;
@@ -279,7 +299,8 @@ impl GpuBackend {
         capturing: bool,
     ) -> Result<(), Skip> {
         let p = &req.call.problem;
-        let gemm = KernelBuild::gemm_ref(p.a.format, p.b.format).map_err(|e| Skip::new(format!("reference: {e}")))?;
+        let gemm = KernelBuild::gemm_ref(p.a.format, p.b.format)
+            .map_err(|e| Skip::new(format!("reference: {e}")))?;
         let cmp = KernelBuild::compare(p.d.format).map_err(|e| Skip::new(format!("compare: {e}")))?;
         self.ensure_program(&gemm, capturing)?;
         self.ensure_program(&cmp, capturing)?;
@@ -386,7 +407,10 @@ impl Backend for GpuBackend {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
             }
-            let buf = self.checker.alloc(bytes).map_err(|e| Skip::new(format!("copy of C: {}", pool_reason(&e))))?;
+            let buf = self
+                .checker
+                .alloc(bytes)
+                .map_err(|e| Skip::new(format!("copy of C: {}", pool_reason(&e))))?;
             site.c_copies.insert(key, buf);
         }
         let copy = site.c_copies[&key].ptr;

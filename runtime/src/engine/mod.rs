@@ -98,7 +98,10 @@ pub fn on_gemm<A: GemmArgs>(args: &A, real: &RealCall) -> i32 {
 }
 
 fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 fn hostname() -> String {
@@ -114,8 +117,11 @@ fn hostname() -> String {
 
 /// Picks the backend: CUDA when a CUDA context is current, else HIP, else the host.
 fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
-    let gpu_settings =
-        gpu::GpuSettings { pool_bytes: config.pool_bytes, ring_capacity: 4096, sync_compile: config.sync_compile };
+    let gpu_settings = gpu::GpuSettings {
+        pool_bytes: config.pool_bytes,
+        ring_capacity: 4096,
+        sync_compile: config.sync_compile,
+    };
     match config.device {
         DeviceChoice::Cuda => gpu::start_cuda(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
         DeviceChoice::Hip => gpu::start_hip(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
@@ -173,11 +179,8 @@ impl Engine {
             _ => None,
         };
         let (device_name, device_arch) = backend.as_ref().map(|b| b.device()).unwrap_or_default();
-        let mut settings: Vec<record::KeyValue> = config
-            .settings()
-            .into_iter()
-            .map(|(key, value)| record::KeyValue { key, value })
-            .collect();
+        let mut settings: Vec<record::KeyValue> =
+            config.settings().into_iter().map(|(key, value)| record::KeyValue { key, value }).collect();
         settings.push(record::KeyValue {
             key: "backend".into(),
             value: backend.as_ref().map_or("none", |b| b.name()).into(),
@@ -198,8 +201,10 @@ impl Engine {
             settings,
         };
         let client = config.collector.clone().map(|address| {
-            let options =
-                ClientOptions { preamble: Some(record::encode(&Record::Session(session))), ..Default::default() };
+            let options = ClientOptions {
+                preamble: Some(record::encode(&Record::Session(session))),
+                ..Default::default()
+            };
             Client::start(address, options)
         });
         if client.is_none() {
@@ -433,7 +438,10 @@ impl Engine {
             calls_seen: self.stats.calls_seen.load(Ordering::Relaxed),
             sampled: self.stats.sampled.load(Ordering::Relaxed),
             checked: self.stats.checked.load(Ordering::Relaxed),
-            skipped: skipped.iter().map(|(r, c)| record::SkipCount { reason: r.clone(), count: *c }).collect(),
+            skipped: skipped
+                .iter()
+                .map(|(r, c)| record::SkipCount { reason: r.clone(), count: *c })
+                .collect(),
             dropped: dropped + self.backend.as_ref().map_or(0, |b| b.dropped()),
             end_time_ns: now_ns(),
         }

@@ -194,7 +194,10 @@ mod tests {
             .map(|h| h.join().unwrap())
             .sum();
         // 7 keys, 40000 calls: each key's calls are counted exactly, 1 in 10 taken.
-        assert_eq!(taken, (0..7).map(|k| (40_000 / 7 + usize::from(k < 40_000 % 7)).div_ceil(10)).sum::<usize>());
+        assert_eq!(
+            taken,
+            (0..7).map(|k| (40_000 / 7 + usize::from(k < 40_000 % 7)).div_ceil(10)).sum::<usize>()
+        );
     }
 
     #[test]
