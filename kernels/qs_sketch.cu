@@ -11,7 +11,10 @@
 // x_ip) estimate the whole-tensor metrics; the per-row (dot, yy, xx) estimate per-row cosines.
 // Linear epilogues only (activation none); a non-linear one is flagged, never silently wrong.
 //
-// Build defines: QS_A_FMT, QS_B_FMT, QS_D_FMT (format ids). Entries:
+// Build defines: QS_A_FMT, QS_B_FMT, QS_D_FMT (format ids); optional QS_SKETCH_KP (8, 16 or
+// 32): only that padded probe count is compiled. One instantiation instead of three keeps the
+// program a third of the size, which matters: the check is bound by instruction-cache misses
+// in its serial finishing stages (ncu on an H100), not by its arithmetic. Entries:
 //   qs_sketch_prep                 sign words, colsum(R), bias projection (once per seed/N/bias)
 //   qs_sketch_wproj_{b}            W_R = op(B)_ref R                        (once per weight)
 //   qs_sketch_check_{a}_{d}        the per-call check, results into the ring
@@ -216,9 +219,15 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
         return;
     }
     switch (P.kp) {
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
         case 8: qs_wproj_body<8>(P); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
         case 16: qs_wproj_body<16>(P); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
         case 32: qs_wproj_body<32>(P); break;
+#endif
         default: qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); break;
     }
 }
@@ -1189,9 +1198,15 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
                        P.k <= P.kp && P.g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_WARPS_PER_BLOCK;
     __shared__ QsSketchSmem sm;  // one copy for the three probe-count instantiations
     switch (P.kp) {
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
         case 8: qs_sketch_check_body<8>(P, valid, sm); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
         case 16: qs_sketch_check_body<16>(P, valid, sm); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
         case 32: qs_sketch_check_body<32>(P, valid, sm); break;
+#endif
         default:
             // No body to run: nothing can be published safely without the partial layout.
             qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);

@@ -1171,6 +1171,17 @@ impl KernelBuild {
         })
     }
 
+    /// [`Self::sketch`] compiled for one padded probe count only (`QS_SKETCH_KP`): a third of
+    /// the code, which the check's latency depends on (instruction-cache misses).
+    pub fn sketch_kp(a: Format, b: Format, d: Format, kp: u32) -> Result<KernelBuild, AbiError> {
+        if !matches!(kp, 8 | 16 | 32) {
+            return Err(AbiError::Probes { k: kp, max: MAX_PROBES });
+        }
+        let mut build = KernelBuild::sketch(a, b, d)?;
+        build.defines.push(("QS_SKETCH_KP".into(), kp.to_string()));
+        Ok(build)
+    }
+
     /// `qs_compare.cu` for D's format: `qs_compare_{d}`, `qs_compare_logits_{d}`.
     pub fn compare(d: Format) -> Result<KernelBuild, AbiError> {
         let d = operand_format("d", d)?;

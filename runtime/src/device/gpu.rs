@@ -475,8 +475,8 @@ impl GpuChecker {
         stream: Stream,
     ) -> Result<SketchWeight, DeviceError> {
         let b = format_of(g.b.format)?;
-        let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
         let kp = abi::padded_probes(k).map_err(abi_err)?;
+        let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(abi_err)?;
         let signs = self.alloc(g.n as usize * 4)?;
         let rsum = self.alloc(abi::MAX_PROBES * 8)?;
         let bproj = self.alloc(abi::MAX_PROBES * 8)?;
@@ -565,7 +565,7 @@ impl GpuChecker {
         tag: (u64, u64),
     ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
         let b = format_of(g.b.format)?;
-        let build = KernelBuild::sketch(a, b, d).map_err(abi_err)?;
+        let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
         let params = self.sketch_params(g, rows, weight, scratch, tag);
         self.prepare(
             &build,

@@ -250,7 +250,8 @@ impl GpuBackend {
                 capturing,
             );
         }
-        let build = KernelBuild::sketch(a, b, d).map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        let kp = abi::padded_probes(req.sketch.probes).map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
         self.ensure_program(&build, capturing)?;
         let total_rows = g.total_rows();
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
