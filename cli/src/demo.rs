@@ -42,6 +42,10 @@ pub struct Args {
     /// Seed of the random weights and activations.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// On a GPU host with PyTorch: also run the bundled PyTorch example (tests/gpu/torch_ops.py)
+    /// under the shim with the GPU backend.
+    #[arg(long)]
+    pub torch: bool,
 }
 
 /// Model dimensions: small enough for a 2-core CPU in debug builds, large enough for two
@@ -364,7 +368,86 @@ pub fn run(args: &Args) -> Result<DemoOutcome, DemoError> {
         "the report does NOT match the planted faults\n"
     });
     summary.push_str(&format!("report: {}\nrun file: {}", report_file.display(), run_file.display()));
+    let (shim_ok, shim_summary) = shim_stage(args);
+    summary.push_str(&format!("\n\n{shim_summary}"));
+    let as_planted = as_planted && shim_ok;
     Ok(DemoOutcome { as_planted, run_file: Some(run_file), report_file: Some(report_file), summary })
+}
+
+/// Calls of the fixture program's "model" scenario that the demo makes wrong in the fixture
+/// vendor library: the second MLP layer (2x too large) and the FP8 row-wise GEMM (one bad row).
+const SHIM_FAULTS: &str = "4:alpha2x,9:bad_row";
+const SHIM_FAULTY_CALLS: [u64; 2] = [4, 9];
+
+/// The same pipeline through the real interposer: `quantshadow run` of the C fixture program
+/// (vendor-shaped cuBLASLt/cuBLAS/hipBLASLt calls from a library loaded RTLD_LOCAL, as in
+/// PyTorch) with LD_PRELOAD=libquantshadow.so and the host backend; with `--torch`, the bundled
+/// PyTorch example on the GPU instead. Returns (as expected, summary).
+fn shim_stage(args: &Args) -> (bool, String) {
+    let out = args.out.join(if args.torch { "torch" } else { "shim" });
+    let _ = std::fs::remove_file(out.join("run.qsr.prev"));
+    if out.join("run.qsr").exists() {
+        let _ = std::fs::rename(out.join("run.qsr"), out.join("run.qsr.prev"));
+    }
+    let (command, env, what): (Vec<std::ffi::OsString>, Vec<(String, String)>, &str) = if args.torch {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/torch_ops.py");
+        (
+            vec!["python3".into(), script.into(), out.join("outputs.json").into()],
+            vec![("QUANTSHADOW_COMPILE".into(), "sync".into())],
+            "the PyTorch example (a@b bf16/fp16/fp32, F.linear+bias, bmm, FP8 _scaled_mm, a CUDA graph)",
+        )
+    } else {
+        (
+            vec![env!("QUANTSHADOW_FIXTURE_HOST").into(), "model".into()],
+            vec![
+                ("QUANTSHADOW_DEVICE".into(), "host".into()),
+                ("FIXTURE_VENDOR_FAULT".into(), SHIM_FAULTS.into()),
+            ],
+            "the C fixture program (16 vendor calls, 2 of them planted faults)",
+        )
+    };
+    let run_args = crate::run::Args {
+        label: if args.torch { "torch-example".into() } else { "fixture-under-shim".into() },
+        out: out.clone(),
+        mode: None,
+        sample: None,
+        names: None,
+        thresholds: None,
+        shim: None,
+        command,
+        env,
+    };
+    let code = match crate::run::run(&run_args) {
+        Ok(code) => code,
+        Err(e) => return (false, format!("through the shim: not run: {e}")),
+    };
+    let run = match crate::report::load_run_file(&out.join("run.qsr")) {
+        Ok(r) => r,
+        Err(e) => return (false, format!("through the shim: no run file: {e}")),
+    };
+    let thresholds = quantshadow_runtime::thresholds::Thresholds::default();
+    let mut failing = Vec::new();
+    let mut checked = 0;
+    for r in &run.records {
+        if let Record::Observation(o) = r {
+            if let Some(m) = &o.metrics {
+                checked += 1;
+                if !thresholds.judge(o.problem.class(), m).is_empty() {
+                    failing.push(o.call_seq);
+                }
+            }
+        }
+    }
+    let expected: Vec<u64> = if args.torch { vec![] } else { SHIM_FAULTY_CALLS.to_vec() };
+    let ok = failing == expected && checked > 0 && code == u8::from(!expected.is_empty());
+    let verdict = if ok { "as expected" } else { "NOT as expected" };
+    (
+        ok,
+        format!(
+            "through the shim: {what}\n  {checked} calls checked, failing calls {failing:?} (planted {expected:?}): {verdict}\n  report: {}",
+            out.join("report.md").display()
+        ),
+    )
 }
 
 fn panicked() -> DemoError {

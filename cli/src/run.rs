@@ -38,13 +38,18 @@ pub struct Args {
     /// The program and its arguments
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+    /// Extra environment of the program (for callers such as the demo; not a flag).
+    #[arg(skip)]
+    pub env: Vec<(String, String)>,
 }
 
 /// The shim next to the running executable (or in ../lib), if it exists.
 pub fn default_shim() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join("libquantshadow.so"), dir.join("../lib/libquantshadow.so")].into_iter().find(|p| p.is_file())
+    [dir.join("libquantshadow.so"), dir.join("deps/libquantshadow.so"), dir.join("../lib/libquantshadow.so")]
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 pub fn main(args: Args) -> ExitCode {
@@ -104,6 +109,7 @@ pub fn run(args: &Args) -> Result<u8, String> {
     if let Some(n) = &args.names {
         cmd.env("QUANTSHADOW_NAMES", n);
     }
+    cmd.envs(args.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let status = cmd.status();
     let summary = collector.shutdown();
     let _ = std::fs::remove_dir_all(&private);

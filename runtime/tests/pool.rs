@@ -106,6 +106,9 @@ impl GpuRuntime for CountingRuntime {
     fn wait_event(&self, _s: Stream, _e: Event) -> Result<(), DeviceError> {
         unsupported()
     }
+    fn event_done(&self, _e: Event) -> Result<bool, DeviceError> {
+        unsupported()
+    }
     fn elapsed_ms(&self, _a: Event, _b: Event) -> Result<f32, DeviceError> {
         unsupported()
     }

@@ -48,5 +48,25 @@ for step in $steps; do
       done
     done
     ;;
+  mlp)
+    # GPU-bound probe, two interleaved rounds of every configuration.
+    for round in 1 2; do
+      for cfg in "plain -" "off all" "observe all" "sketch all" "sketch 1/100"; do
+        set -- $cfg
+        if [ "$1" = plain ]; then
+          r=$(python3 tests/gpu/overhead_mlp.py 2>&1 | tail -1)
+        else
+          r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
+            python3 tests/gpu/overhead_mlp.py 2>&1 | tail -1)
+        fi
+        echo "mlp round $round $1 $2: $r"
+      done
+    done
+    ;;
+  full)
+    quantshadow run --mode full --label torch-ops-full --out "$OUT/ops_full" -- \
+      python3 tests/gpu/torch_ops.py "$OUT/ops_full.json" >"$OUT/ops_full.log" 2>&1
+    echo "ops full: run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_full.json")"
+    ;;
   esac
 done

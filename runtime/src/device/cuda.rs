@@ -47,6 +47,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuEventCreate",
     "cuEventRecord",
     "cuStreamWaitEvent",
+    "cuEventQuery",
 ];
 
 const NVRTC_SYMBOLS: &[&str] = &[
@@ -483,6 +484,15 @@ impl GpuRuntime for CudaRuntime {
     fn wait_event(&self, s: Stream, event: Event) -> Result<(), DeviceError> {
         // SAFETY: handles only; the driver validates them.
         check("cuStreamWaitEvent", unsafe { cu::cuStreamWaitEvent(stream(s), event.0 as cu::CUevent, 0) })
+    }
+
+    fn event_done(&self, event: Event) -> Result<bool, DeviceError> {
+        // SAFETY: handle only; the driver validates it.
+        let status = unsafe { cu::cuEventQuery(event.0 as cu::CUevent) };
+        if status == cu::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check("cuEventQuery", status).map(|()| true)
     }
 
     fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError> {

@@ -176,6 +176,8 @@ pub trait GpuRuntime: Send + Sync {
     fn create_event(&self) -> Result<Event, DeviceError>;
     fn record_event(&self, event: Event, stream: Stream) -> Result<(), DeviceError>;
     fn wait_event(&self, stream: Stream, event: Event) -> Result<(), DeviceError>;
+    /// Whether all work before the event's last record has completed (never waits).
+    fn event_done(&self, event: Event) -> Result<bool, DeviceError>;
     /// Milliseconds between two completed events.
     fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError>;
 }

@@ -16,7 +16,8 @@ use super::backend::{Backend, CheckOutcome, CheckRequest, Polled, PreCall};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
-use crate::device::{GpuRuntime, Stream};
+use crate::device::{Event, GpuRuntime, Stream};
+use crate::problem::GemmBuffers;
 use crate::intercept::Skip;
 use crate::record::{flags, CheckMode};
 use crate::sketch::{self, RowSample};
@@ -82,6 +83,19 @@ struct SiteGpu {
 struct RowsState {
     reference: DeviceBuffer,
     compare: crate::device::gpu::CompareScratch,
+    /// Side-stream checks: copies of the call's per-call inputs and output, and the events
+    /// that order them (recorded after the copies on the caller's stream; after the check on
+    /// the side stream).
+    side: Option<SideCheck>,
+}
+
+struct SideCheck {
+    /// Copies of A, D, A's scales and C, each with its size (reallocated when a call needs more).
+    copies: [Option<DeviceBuffer>; 4],
+    inputs_ready: Event,
+    done: Event,
+    /// A check was enqueued and `done` recorded after it.
+    pending: bool,
 }
 
 /// Finished compiles: the device image, or why it failed.
@@ -102,6 +116,8 @@ pub struct GpuBackend {
     ordinals: Mutex<HashMap<u64, u32>>,
     compiler: Compiler,
     sync_compile: bool,
+    /// Low-priority stream for rows/full references outside graph captures.
+    side_stream: Option<Stream>,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -140,6 +156,13 @@ impl GpuBackend {
             checker.info.arch,
             s.pool_bytes >> 20
         ));
+        let side_stream = match runtime.create_side_stream() {
+            Ok(st) => Some(st),
+            Err(e) => {
+                super::log::warn(&format!("no side stream ({e}); rows/full checks run on the caller's stream"));
+                None
+            }
+        };
         Ok(GpuBackend {
             name,
             runtime,
@@ -148,6 +171,7 @@ impl GpuBackend {
             ordinals: Mutex::new(HashMap::new()),
             compiler: Compiler { requests: Mutex::new(tx), pending: Mutex::new(HashSet::new()), ready },
             sync_compile: s.sync_compile,
+            side_stream,
         })
     }
 
@@ -236,6 +260,7 @@ impl GpuBackend {
         &self,
         req: &CheckRequest,
         g: &QsGemmDesc,
+        buffers: &GemmBuffers,
         stream: Stream,
         capturing: bool,
     ) -> Result<(), Skip> {
@@ -243,12 +268,8 @@ impl GpuBackend {
         let (a, b, d) = (p.a.format, p.b.format, p.d.format);
         if !p.epilogue.is_linear() {
             // A projection cannot see through ReLU/GELU: check a row sample exactly instead.
-            return self.rows_or_full(
-                &CheckRequest { mode: CheckMode::Rows, ..req.clone() },
-                g,
-                stream,
-                capturing,
-            );
+            let rows = CheckRequest { mode: CheckMode::Rows, ..req.clone() };
+            return self.rows_or_full(&rows, g, buffers, stream, capturing);
         }
         let kp = abi::padded_probes(req.sketch.probes).map_err(|e| Skip::new(format!("sketch: {e}")))?;
         let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
@@ -292,10 +313,19 @@ impl GpuBackend {
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))
     }
 
+    /// Rows or full check. Outside a capture it runs on the low-priority side stream: the
+    /// per-call inputs (A, its scales, C) and D are copied on the caller's stream right after
+    /// the call (the caller may overwrite them before the reference runs; weights are not
+    /// copied, they stay put during inference), the side stream waits for those copies only,
+    /// and the caller's stream never waits for the reference. A site whose previous check is
+    /// still running skips the call (counted) instead of waiting. Inside a capture the check
+    /// runs on the captured stream (a forked side stream would have to be joined back into
+    /// the capture, which delays the caller the same way).
     fn rows_or_full(
         &self,
         req: &CheckRequest,
         g: &QsGemmDesc,
+        buffers: &GemmBuffers,
         stream: Stream,
         capturing: bool,
     ) -> Result<(), Skip> {
@@ -327,14 +357,20 @@ impl GpuBackend {
                 .checker
                 .compare_scratch(sample.count, g.n, logits)
                 .map_err(|e| Skip::new(format!("compare set-up: {}", pool_reason(&e))))?;
-            site.rows_state.insert(key, RowsState { reference, compare });
+            site.rows_state.insert(key, RowsState { reference, compare, side: None });
         }
-        let state = &site.rows_state[&key];
+        let state = site.rows_state.get_mut(&key).expect("inserted above");
+        let side_stream = if capturing { None } else { self.side_stream };
+        let (g_checked, run_on) = match side_stream {
+            None => (*g, stream),
+            Some(side) => (self.copy_inputs(req, buffers, state, stream, side)?, side),
+        };
+        let g = &g_checked;
         // The reference reads the epoch; the compare (last kernel of the check) advances it.
         let ref_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, false);
         let cmp_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
         self.checker
-            .reference_sel(g, ref_rows, &state.reference, g.n, true, stream)
+            .reference_sel(g, ref_rows, &state.reference, g.n, true, run_on)
             .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
         let request = CompareRequest {
             d: g.d,
@@ -352,8 +388,77 @@ impl GpuBackend {
             .prepare_compare(&request, &state.compare)
             .map_err(|e| Skip::new(format!("compare: {}", short(&e.to_string()))))?;
         self.checker
-            .launch_prepared(&prepared, stream)
-            .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))
+            .launch_prepared(&prepared, run_on)
+            .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))?;
+        if let Some(side) = state.side.as_mut().filter(|_| side_stream.is_some()) {
+            self.runtime
+                .record_event(side.done, run_on)
+                .map_err(|e| Skip::new(format!("side stream event: {}", short(&e.to_string()))))?;
+            side.pending = true;
+        }
+        Ok(())
+    }
+
+    /// Copies what the caller may overwrite into the site's buffers on `stream` and makes
+    /// `side` wait for the copies; returns the descriptor over the copies.
+    fn copy_inputs(
+        &self,
+        req: &CheckRequest,
+        buffers: &GemmBuffers,
+        state: &mut RowsState,
+        stream: Stream,
+        side: Stream,
+    ) -> Result<QsGemmDesc, Skip> {
+        let rt = &self.runtime;
+        let fail = |what: &str, e: crate::device::DeviceError| Skip::new(format!("{what}: {}", short(&e.to_string())));
+        if state.side.is_none() {
+            let inputs_ready = rt.create_event().map_err(|e| fail("side stream event", e))?;
+            let done = rt.create_event().map_err(|e| fail("side stream event", e))?;
+            state.side = Some(SideCheck { copies: [None, None, None, None], inputs_ready, done, pending: false });
+        }
+        let sc = state.side.as_mut().expect("set above");
+        if sc.pending {
+            if !rt.event_done(sc.done).map_err(|e| fail("side stream event", e))? {
+                return Err(Skip::new("previous rows/full check of this site still running"));
+            }
+            sc.pending = false;
+        }
+        let p = &req.call.problem;
+        let (ar, ac) = p.a_stored_dims();
+        let a_bytes = p.a.format.bytes_for(p.a.required_elements(ar, ac, p.batch) as usize);
+        let d_bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize);
+        let s_bytes = p.a_scale.as_ref().filter(|_| buffers.a_scale != 0).map_or(0, |s| {
+            s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize)
+        });
+        let c_bytes = p.c.as_ref().filter(|_| buffers.c != 0).map_or(0, |c| {
+            c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize)
+        });
+        let mut out = *buffers;
+        let targets = [
+            (buffers.a, a_bytes, &mut out.a),
+            (buffers.d, d_bytes, &mut out.d),
+            (buffers.a_scale, s_bytes, &mut out.a_scale),
+            (buffers.c, c_bytes, &mut out.c),
+        ];
+        for (slot, (src, bytes, dst)) in sc.copies.iter_mut().zip(targets) {
+            if src == 0 || bytes == 0 {
+                continue;
+            }
+            if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
+                *slot = None; // back to the pool before the larger block is taken
+                *slot = Some(
+                    self.checker
+                        .alloc(bytes)
+                        .map_err(|e| Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e))))?,
+                );
+            }
+            let copy = slot.as_ref().expect("allocated above");
+            rt.copy_async(copy.ptr, src, bytes, stream).map_err(|e| fail("input copy", e))?;
+            *dst = copy.ptr;
+        }
+        rt.record_event(sc.inputs_ready, stream).map_err(|e| fail("side stream event", e))?;
+        rt.wait_event(side, sc.inputs_ready).map_err(|e| fail("side stream event", e))?;
+        QsGemmDesc::from_problem(p, &out).map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))
     }
 }
 
@@ -435,8 +540,8 @@ impl Backend for GpuBackend {
             .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))?;
         self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).insert(req.site_id, req.site_ordinal);
         match req.mode {
-            CheckMode::Sketch => self.sketch(req, &g, stream, capturing),
-            CheckMode::Rows | CheckMode::Full => self.rows_or_full(req, &g, stream, capturing),
+            CheckMode::Sketch => self.sketch(req, &g, &buffers, stream, capturing),
+            CheckMode::Rows | CheckMode::Full => self.rows_or_full(req, &g, &buffers, stream, capturing),
             CheckMode::Observe => Ok(()),
         }
     }

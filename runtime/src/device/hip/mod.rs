@@ -524,6 +524,10 @@ impl GpuRuntime for HipRuntime {
         result::stream_wait_event(&self.hip, stream_ptr(stream), event.0 as usize as *mut c_void)
     }
 
+    fn event_done(&self, event: Event) -> Result<bool, DeviceError> {
+        result::event_query(&self.hip, event.0 as usize as *mut c_void)
+    }
+
     fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError> {
         result::event_elapsed_time(&self.hip, start.0 as usize as *mut c_void, end.0 as usize as *mut c_void)
     }

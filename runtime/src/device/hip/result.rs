@@ -358,6 +358,19 @@ pub fn stream_wait_event(hip: &HipLib, stream: *mut c_void, event: *mut c_void) 
     check(hip, "hipStreamWaitEvent", unsafe { f(stream, event, 0) })
 }
 
+/// hipErrorNotReady: the event's work has not completed yet.
+const HIP_ERROR_NOT_READY: HipStatus = 600;
+
+pub fn event_query(hip: &HipLib, event: *mut c_void) -> Result<bool, DeviceError> {
+    let f = need!(hip, hipEventQuery);
+    // SAFETY: HIP validates the handle.
+    let status = unsafe { f(event) };
+    if status == HIP_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check(hip, "hipEventQuery", status).map(|()| true)
+}
+
 pub fn event_elapsed_time(hip: &HipLib, start: *mut c_void, end: *mut c_void) -> Result<f32, DeviceError> {
     let f = need!(hip, hipEventElapsedTime);
     let mut ms = 0f32;

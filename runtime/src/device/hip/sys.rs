@@ -352,6 +352,7 @@ symbol_table! {
         hipEventCreateWithFlags: fn(*mut *mut c_void, c_uint) -> HipStatus;
         hipEventRecord: fn(*mut c_void, *mut c_void) -> HipStatus;
         hipStreamWaitEvent: fn(*mut c_void, *mut c_void, c_uint) -> HipStatus;
+        hipEventQuery: fn(*mut c_void) -> HipStatus;
         hipEventElapsedTime: fn(*mut f32, *mut c_void, *mut c_void) -> HipStatus;
     }
 }
