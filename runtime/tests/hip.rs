@@ -234,6 +234,8 @@ int hipStreamCreateWithPriority(void** s, unsigned flags, int priority) {
 int hipEventCreateWithFlags(void** e, unsigned flags) { *e = (void*)(uintptr_t)(0x7000 + flags); return 0; }
 int hipEventRecord(void* e, void* s) { (void)s; return e ? 0 : 400; }
 int hipStreamWaitEvent(void* s, void* e, unsigned flags) { (void)s; (void)e; return flags ? 1 : 0; }
+/* Events made with flag 1 report "not ready" (600), others complete. */
+int hipEventQuery(void* e) { return !e ? 400 : ((uintptr_t)e == 0x7001 ? 600 : 0); }
 int hipEventElapsedTime(float* ms, void* start, void* end) {
   if (!start || !end) return 400;
   *ms = (float)((uintptr_t)end - (uintptr_t)start) / 4.0f;
@@ -389,7 +391,7 @@ fn full_fake_resolves_every_symbol_and_bare_fake_reports_what_it_lacks() {
     let expected: Vec<&str> =
         HipRuntime::hip_symbols().iter().copied().filter(|s| !exported.contains(s)).collect();
     assert_eq!(bare.missing_symbols(), expected);
-    assert_eq!(HipRuntime::hip_symbols().len(), 30);
+    assert_eq!(HipRuntime::hip_symbols().len(), 31);
 }
 
 #[test]
@@ -532,6 +534,10 @@ fn streams_events_and_capture_status() {
     rt.record_event(start, Stream(0)).unwrap();
     rt.wait_event(Stream(0), start).unwrap(); // the fake rejects non-zero flags
     assert_eq!(rt.elapsed_ms(Event(0x7000), Event(0x7010)).unwrap(), 4.0);
+    // hipEventQuery: success = done, hipErrorNotReady (600) = still running, else an error.
+    assert!(rt.event_done(start).unwrap());
+    assert!(!rt.event_done(Event(0x7001)).unwrap());
+    assert!(rt.event_done(Event(0)).is_err());
     rt.synchronize(Stream(0)).unwrap();
 
     assert!(!rt.is_capturing(Stream(0)).unwrap(), "hipStreamCaptureStatusNone");
