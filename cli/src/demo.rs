@@ -390,7 +390,12 @@ fn shim_stage(args: &Args) -> (bool, String) {
         let _ = std::fs::rename(out.join("run.qsr"), out.join("run.qsr.prev"));
     }
     let (command, env, what): (Vec<std::ffi::OsString>, Vec<(String, String)>, &str) = if args.torch {
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/torch_ops.py");
+        // The repository the binary was built from, else the current directory's checkout.
+        let script = [std::path::Path::new(env!("CARGO_MANIFEST_DIR")), std::path::Path::new(".")]
+            .iter()
+            .map(|root| root.join("tests/gpu/torch_ops.py"))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| "tests/gpu/torch_ops.py".into());
         (
             vec!["python3".into(), script.into(), out.join("outputs.json").into()],
             vec![("QUANTSHADOW_COMPILE".into(), "sync".into())],
