@@ -54,10 +54,10 @@ for step in $steps; do
       for cfg in "plain -" "off all" "observe all" "sketch all" "sketch 1/100"; do
         set -- $cfg
         if [ "$1" = plain ]; then
-          r=$(python3 tests/gpu/overhead_mlp.py 2>&1 | tail -1)
+          r=$(python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
         else
           r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
-            python3 tests/gpu/overhead_mlp.py 2>&1 | tail -1)
+            python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
         fi
         echo "mlp round $round $1 $2: $r"
       done
