@@ -17,8 +17,8 @@ use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
 use crate::device::{Event, GpuRuntime, Stream};
-use crate::problem::GemmBuffers;
 use crate::intercept::Skip;
+use crate::problem::GemmBuffers;
 use crate::record::{flags, CheckMode};
 use crate::sketch::{self, RowSample};
 use std::collections::{HashMap, HashSet};
@@ -159,7 +159,9 @@ impl GpuBackend {
         let side_stream = match runtime.create_side_stream() {
             Ok(st) => Some(st),
             Err(e) => {
-                super::log::warn(&format!("no side stream ({e}); rows/full checks run on the caller's stream"));
+                super::log::warn(&format!(
+                    "no side stream ({e}); rows/full checks run on the caller's stream"
+                ));
                 None
             }
         };
@@ -410,11 +412,14 @@ impl GpuBackend {
         side: Stream,
     ) -> Result<QsGemmDesc, Skip> {
         let rt = &self.runtime;
-        let fail = |what: &str, e: crate::device::DeviceError| Skip::new(format!("{what}: {}", short(&e.to_string())));
+        let fail = |what: &str, e: crate::device::DeviceError| {
+            Skip::new(format!("{what}: {}", short(&e.to_string())))
+        };
         if state.side.is_none() {
             let inputs_ready = rt.create_event().map_err(|e| fail("side stream event", e))?;
             let done = rt.create_event().map_err(|e| fail("side stream event", e))?;
-            state.side = Some(SideCheck { copies: [None, None, None, None], inputs_ready, done, pending: false });
+            state.side =
+                Some(SideCheck { copies: [None, None, None, None], inputs_ready, done, pending: false });
         }
         let sc = state.side.as_mut().expect("set above");
         if sc.pending {
@@ -427,12 +432,15 @@ impl GpuBackend {
         let (ar, ac) = p.a_stored_dims();
         let a_bytes = p.a.format.bytes_for(p.a.required_elements(ar, ac, p.batch) as usize);
         let d_bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize);
-        let s_bytes = p.a_scale.as_ref().filter(|_| buffers.a_scale != 0).map_or(0, |s| {
-            s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize)
-        });
-        let c_bytes = p.c.as_ref().filter(|_| buffers.c != 0).map_or(0, |c| {
-            c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize)
-        });
+        let s_bytes = p
+            .a_scale
+            .as_ref()
+            .filter(|_| buffers.a_scale != 0)
+            .map_or(0, |s| s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize));
+        let c_bytes =
+            p.c.as_ref()
+                .filter(|_| buffers.c != 0)
+                .map_or(0, |c| c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize));
         let mut out = *buffers;
         let targets = [
             (buffers.a, a_bytes, &mut out.a),
@@ -446,11 +454,10 @@ impl GpuBackend {
             }
             if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
                 *slot = None; // back to the pool before the larger block is taken
-                *slot = Some(
-                    self.checker
-                        .alloc(bytes)
-                        .map_err(|e| Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e))))?,
-                );
+                *slot =
+                    Some(self.checker.alloc(bytes).map_err(|e| {
+                        Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e)))
+                    })?);
             }
             let copy = slot.as_ref().expect("allocated above");
             rt.copy_async(copy.ptr, src, bytes, stream).map_err(|e| fail("input copy", e))?;
@@ -458,7 +465,8 @@ impl GpuBackend {
         }
         rt.record_event(sc.inputs_ready, stream).map_err(|e| fail("side stream event", e))?;
         rt.wait_event(side, sc.inputs_ready).map_err(|e| fail("side stream event", e))?;
-        QsGemmDesc::from_problem(p, &out).map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))
+        QsGemmDesc::from_problem(p, &out)
+            .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))
     }
 }
 
