@@ -238,7 +238,7 @@ fn bench_collector(dir: &Path, clients: usize, per_client: u64, validate: bool) 
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("client panicked".into()))).collect()
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err("client panicked".into())))
     });
     outcome?;
     // Ingest is done when every record is in the run file's writer.

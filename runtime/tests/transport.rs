@@ -200,7 +200,7 @@ struct Trickle {
 impl Read for Trickle {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.reads += 1;
-        if self.hiccup && self.reads % 2 == 0 {
+        if self.hiccup && self.reads.is_multiple_of(2) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let n = self.chunk.min(buf.len()).min(self.data.len() - self.pos);

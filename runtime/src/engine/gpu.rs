@@ -234,6 +234,7 @@ impl GpuBackend {
         req: &CheckRequest,
         capturing: bool,
     ) -> Result<&'a mut SiteGpu, Skip> {
+        #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !sites.contains_key(&req.site_id) {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
