@@ -278,11 +278,9 @@ impl<R: Read> RunReader<R> {
         data.extend_from_slice(payload);
         let mut rest = Vec::new();
         let limit = MAX_RESYNC_BYTES.saturating_sub(data.len() as u64);
-        if let Err(e) =
-            self.pending.take().map_or(Ok(0), |mut p| p.read_to_end(&mut rest)).and_then(|_| {
-                (&mut self.inner).take(limit.saturating_sub(rest.len() as u64)).read_to_end(&mut rest)
-            })
-        {
+        if let Err(e) = self.pending.take().map_or(Ok(0), |mut p| p.read_to_end(&mut rest)).and_then(|_| {
+            (&mut self.inner).take(limit.saturating_sub(rest.len() as u64)).read_to_end(&mut rest)
+        }) {
             self.done = true;
             return Err(RunFileError::Io { path: self.path.clone(), source: e });
         }

@@ -384,36 +384,18 @@ impl GpuChecker {
         round_to_d: bool,
         stream: Stream,
     ) -> Result<(), DeviceError> {
-        let (a, b) = (format_of(g.a.format)?, format_of(g.b.format)?);
-        let build = KernelBuild::gemm_ref(a, b).map_err(abi_err)?;
-        let (entry, sel, cfg) = match rows {
-            None => (
-                format!("qs_gemm_ref_{}_{}", a.name(), b.name()),
-                QsRowSel::all(g.total_rows()),
-                abi::gemm_ref_launch(g).map_err(abi_err)?,
-            ),
-            Some((list, count)) => (
-                format!("qs_gemm_ref_rows_{}_{}", a.name(), b.name()),
-                QsRowSel::list(g.total_rows(), list.ptr, count),
-                abi::gemm_ref_rows_launch(g, count).map_err(abi_err)?,
-            ),
-        };
-        let params = QsRefParams {
-            g: *g,
-            rows: sel,
-            out_ptr: out.ptr,
-            out_ld,
-            status_ptr: 0,
-            round_to_d: round_to_d as u32,
-            reserved: 0,
-        };
-        self.launch(&build, &entry, &cfg, &params, stream)
+        match rows {
+            None => self.reference_launch(g, None, out, out_ld, round_to_d, stream),
+            Some((list, count)) => {
+                let sel = QsRowSel::list(g.total_rows(), list.ptr, count);
+                self.reference_launch(g, Some(sel), out, out_ld, round_to_d, stream)
+            }
+        }
     }
 
     /// Reference rows chosen by `rows` (any selection mode) into `out` (f32, `out_ld` per
     /// sampled row, in sample order), rounded to D's format when `round_to_d`. Needs the
     /// program loaded already when called from the shim (it is looked up, not compiled, then).
-    #[allow(clippy::too_many_arguments)]
     pub fn reference_sel(
         &self,
         g: &QsGemmDesc,
@@ -423,13 +405,36 @@ impl GpuChecker {
         round_to_d: bool,
         stream: Stream,
     ) -> Result<(), DeviceError> {
+        self.reference_launch(g, Some(rows), out, out_ld, round_to_d, stream)
+    }
+
+    /// The full reference (`rows` None) or the rows kernel over a selection.
+    fn reference_launch(
+        &self,
+        g: &QsGemmDesc,
+        rows: Option<QsRowSel>,
+        out: &DeviceBuffer,
+        out_ld: u64,
+        round_to_d: bool,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
         let (a, b) = (format_of(g.a.format)?, format_of(g.b.format)?);
         let build = KernelBuild::gemm_ref(a, b).map_err(abi_err)?;
-        let cfg = abi::gemm_ref_rows_launch(g, rows.count).map_err(abi_err)?;
-        let entry = format!("qs_gemm_ref_rows_{}_{}", a.name(), b.name());
+        let (entry, sel, cfg) = match rows {
+            None => (
+                format!("qs_gemm_ref_{}_{}", a.name(), b.name()),
+                QsRowSel::all(g.total_rows()),
+                abi::gemm_ref_launch(g).map_err(abi_err)?,
+            ),
+            Some(sel) => (
+                format!("qs_gemm_ref_rows_{}_{}", a.name(), b.name()),
+                sel,
+                abi::gemm_ref_rows_launch(g, sel.count).map_err(abi_err)?,
+            ),
+        };
         let params = QsRefParams {
             g: *g,
-            rows,
+            rows: sel,
             out_ptr: out.ptr,
             out_ld,
             status_ptr: 0,
