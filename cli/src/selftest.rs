@@ -18,7 +18,7 @@ use quantshadow_runtime::device::cuda::CudaRuntime;
 use quantshadow_runtime::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker};
 use quantshadow_runtime::device::{DeviceError, Stream};
 use quantshadow_runtime::formats::{Format, FormatClass};
-use quantshadow_runtime::metrics::{compare_matrix, MetricSums, Metrics};
+use quantshadow_runtime::metrics::{compare_logits, compare_matrix, MetricSums, Metrics};
 use quantshadow_runtime::oracle::{
     decode_operand_a, decode_operand_b, decode_output, reference_gemm, OracleOptions,
 };
@@ -282,6 +282,7 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
         out.extend(gpu_reference_case(checker, &case));
     }
     out.extend(gpu_compare(checker));
+    out.extend(gpu_compare_logits(checker));
     out.extend(gpu_sketch(checker, quick));
     out
 }
@@ -681,6 +682,105 @@ fn gpu_compare(checker: &GpuChecker) -> Vec<Outcome> {
             Ok(metrics_agree("compare", name, &device, &host))
         })();
         out.push(result.unwrap_or_else(|e| error_outcome("compare", name, e)));
+    }
+    out
+}
+
+/// The logits compare (an LM head's rows): softmax KL, top-1 agreement and top-k overlap on
+/// the device vs `metrics::compare_logits` per row on the host, aggregated as the slot is (KL
+/// mean over rows, NaN when a row is non-finite; top-1 only when every row agrees; overlap mean).
+fn gpu_compare_logits(checker: &GpuChecker) -> Vec<Outcome> {
+    let (m, n, topk) = (24u64, 50_000u64, 5u32);
+    let d_format = Format::Bf16;
+    let mut rng = SplitMix64::new(4242);
+    // Reference logits: a few strong tokens per row over a noisy floor, as an LM head gives.
+    let reference: Vec<f64> = (0..m * n)
+        .map(|t| {
+            let g = quantshadow_runtime::rng::unit_f64(rng.next_u64()) * 2.0 - 1.0;
+            if hash3(7, t / n, t % n) % 997 == 0 {
+                8.0 + 4.0 * g
+            } else {
+                2.0 * g
+            }
+        })
+        .collect();
+    type Plant = Box<dyn Fn(usize, usize, f64, &[f64]) -> f64>;
+    let plants: Vec<(&str, Plant)> = vec![
+        ("honest (bf16 rounding only)", Box::new(|_, _, v, _| v)),
+        (
+            "row 7 logits shifted by one vocabulary id",
+            Box::new(|i, j, v, row| if i == 7 { row[(j + 1) % row.len()] } else { v }),
+        ),
+        ("row 3 at temperature 0.5", Box::new(|i, _, v, _| if i == 3 { 2.0 * v } else { v })),
+        ("one NaN in row 11", Box::new(|i, j, v, _| if (i, j) == (11, 123) { f64::NAN } else { v })),
+    ];
+    let mut out = Vec::new();
+    for (name, plant) in plants {
+        let result = (|| -> Result<Outcome, String> {
+            let mut d = vec![0u8; d_format.bytes_for((m * n) as usize)];
+            let mut prod = vec![0f64; (m * n) as usize];
+            for i in 0..m as usize {
+                let row = &reference[i * n as usize..(i + 1) * n as usize];
+                for j in 0..n as usize {
+                    let code = d_format.encode(plant(i, j, row[j], row));
+                    d_format.store_code(&mut d, i * n as usize + j, code);
+                    prod[i * n as usize + j] = d_format.decode_code(code);
+                }
+            }
+            let ref_f32: Vec<u8> = reference.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
+            let ref_host: Vec<f64> = reference.iter().map(|v| *v as f32 as f64).collect();
+            let rows: Vec<_> = (0..m as usize)
+                .map(|i| {
+                    let r = i * n as usize..(i + 1) * n as usize;
+                    compare_logits(&prod[r.clone()], &ref_host[r], topk as usize)
+                })
+                .collect();
+            let host_kl = if rows.iter().any(|r| r.kl.is_nan()) {
+                f64::NAN
+            } else {
+                rows.iter().map(|r| r.kl).sum::<f64>() / m as f64
+            };
+            let host_top1 = rows.iter().all(|r| r.top1_agree);
+            let host_overlap = rows.iter().map(|r| r.topk_overlap).sum::<f64>() / m as f64;
+            let d_buf = checker.upload(&d).map_err(|e| e.to_string())?;
+            let ref_buf = checker.upload(&ref_f32).map_err(|e| e.to_string())?;
+            let layout = quantshadow_runtime::problem::MatrixLayout::packed(
+                d_format,
+                quantshadow_runtime::problem::Order::RowMajor,
+                m,
+                n,
+            );
+            let request = CompareRequest {
+                d: QsMatrixDesc::new(&layout, d_buf.ptr, Transpose::N, m, n, 1),
+                m,
+                n,
+                rows: QsRowSel::all(m),
+                reference: ref_buf.ptr,
+                ref_ld: n,
+                logits_topk: Some(topk),
+                kind: abi::CHECK_ROWS,
+                tag: (3, 4),
+            };
+            checker.compare(&request, Stream::default()).map_err(|e| e.to_string())?;
+            let slot = checker.ring.lock().unwrap().poll().ok_or("no result slot arrived")?;
+            let dev = sketch::slot_logits(&slot).ok_or("the slot carries no logits metrics")?;
+            let kl_ok = if host_kl.is_nan() {
+                dev.kl.is_nan()
+            } else {
+                (dev.kl - host_kl).abs() <= 1e-6 + 1e-4 * host_kl.abs()
+            };
+            let ok = kl_ok && dev.top1_agree == host_top1 && (dev.topk_overlap - host_overlap).abs() < 1e-12;
+            Ok(outcome(
+                "compare",
+                format!("logits: {name}"),
+                ok,
+                format!(
+                    "device kl {:.6e} top1 {} overlap {:.4} | host kl {:.6e} top1 {} overlap {:.4}",
+                    dev.kl, dev.top1_agree, dev.topk_overlap, host_kl, host_top1, host_overlap
+                ),
+            ))
+        })();
+        out.push(result.unwrap_or_else(|e| error_outcome("compare", format!("logits: {name}"), e)));
     }
     out
 }
