@@ -291,6 +291,12 @@ struct QsSketchParams {
     qs_u32 kp;
     qs_u32 splits;
     qs_u32 rows_per_group;
+    // Sampling decided on the device, per launch (graph replays): 0 = every launch checks.
+    // Launch t (counted by an atomic at gate_ptr, u64) checks when t < gate_first or
+    // (gate_every != 0 and (t - gate_first) % gate_every == 0); other launches return at once.
+    qs_u64 gate_ptr;
+    qs_u32 gate_first;
+    qs_u32 gate_every;
 };
 
 // qs_compare_{d} and qs_compare_logits_{d}: D rows vs the f32 reference rows. Grid-stride over
@@ -396,7 +402,7 @@ static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
 static_assert(sizeof(QsRefParams) == 616, "QsRefParams");
 static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
 static_assert(sizeof(QsWprojParams) == 168, "QsWprojParams");
-static_assert(sizeof(QsSketchParams) == 736, "QsSketchParams");
+static_assert(sizeof(QsSketchParams) == 752, "QsSketchParams");
 static_assert(sizeof(QsCompareParams) == 256, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");

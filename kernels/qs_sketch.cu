@@ -1197,6 +1197,19 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
                        P.rows_per_group == QS_WARPS_PER_BLOCK && P.splits == gridDim.y && gridDim.y <= QS_MAX_SPLITS && P.k >= 1 &&
                        P.k <= P.kp && P.g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_WARPS_PER_BLOCK;
     __shared__ QsSketchSmem sm;  // one copy for the three probe-count instantiations
+    if (P.gate_ptr) {
+        // Every block adds one to the site's launch counter: launches are stream-ordered, so
+        // the blocks of launch t see values in [t * blocks, (t + 1) * blocks) and all agree on
+        // t. A launch that is not sampled returns before the counter protocol (nothing to undo).
+        __shared__ int qs_take;
+        if (threadIdx.x == 0) {
+            const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
+            const qs_u64 t = qs_atomic_add_u64((qs_u64*)P.gate_ptr, 1) / blocks;
+            qs_take = t < P.gate_first || (P.gate_every != 0 && (t - P.gate_first) % P.gate_every == 0);
+        }
+        __syncthreads();
+        if (!qs_take) return;
+    }
     switch (P.kp) {
 #if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
         case 8: qs_sketch_check_body<8>(P, valid, sm); break;

@@ -330,6 +330,7 @@ impl Case {
                 sketch: SketchSettings { seed: 3, probes: 32, rows_per_call: 256 },
                 rows_per_call: 256,
                 logits_topk: None,
+                device_gate: None,
             };
             backend.after_call(&req, Default::default()).unwrap();
             let mut out = Vec::new();

@@ -152,6 +152,7 @@ fn request(call: &InterceptedGemm, mode: CheckMode, epoch: u64) -> CheckRequest<
         sketch: SketchSettings { seed: 0x5ce7, probes: 32, rows_per_call: 64 },
         rows_per_call: 48,
         logits_topk: None,
+        device_gate: None,
     }
 }
 

@@ -63,6 +63,16 @@ for step in $steps; do
       done
     done
     ;;
+  gate)
+    # Sampling first:1,1/5 inside a CUDA graph: decided on the device at every replay. The
+    # 3 captured layers (1x1024x1024) get 2 eager checks (calls 0, 1) + replays 0, 1, 6, 11, 16.
+    [ -f "$OUT/ops_plain.json" ] || python3 tests/gpu/torch_ops.py "$OUT/ops_plain.json" >"$OUT/ops_plain.log" 2>&1
+    QUANTSHADOW_SAMPLE="first:1,1/5" quantshadow run --mode sketch --label torch-ops-gated --out "$OUT/ops_gate" -- \
+      python3 tests/gpu/torch_ops.py "$OUT/ops_gate.json" >"$OUT/ops_gate.log" 2>&1
+    echo "ops gate: run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate.json")"
+    grep "Calls:" "$OUT/ops_gate/report.md"
+    grep "1x1024x1024" "$OUT/ops_gate/report.md" | grep -v "^| [0-9]* | \`cublas[A-Za-z_]* #" | head -6
+    ;;
   full)
     quantshadow run --mode full --label torch-ops-full --out "$OUT/ops_full" -- \
       python3 tests/gpu/torch_ops.py "$OUT/ops_full.json" >"$OUT/ops_full.log" 2>&1

@@ -368,6 +368,11 @@ pub struct QsSketchParams {
     pub kp: u32,
     pub splits: u32,
     pub rows_per_group: u32,
+    /// Per-launch sampling on the device (graph replays): 0 = every launch checks; else the
+    /// u64 launch counter of the site, with the rule below (`engine::config::Sampling`).
+    pub gate_ptr: u64,
+    pub gate_first: u32,
+    pub gate_every: u32,
 }
 
 #[repr(C)]
@@ -506,7 +511,7 @@ const _: () = {
     assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
     assert!(size_of::<QsWprojParams>() == 168);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
-    assert!(size_of::<QsSketchParams>() == 736);
+    assert!(size_of::<QsSketchParams>() == 752);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
     assert!(size_of::<QsCompareParams>() == 256);

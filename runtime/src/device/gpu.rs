@@ -611,6 +611,9 @@ impl GpuChecker {
             kp: weight.kp,
             splits: geo.splits,
             rows_per_group: geo.rows_per_group,
+            gate_ptr: 0,
+            gate_first: 0,
+            gate_every: 0,
         }
     }
 

@@ -40,6 +40,10 @@ pub struct CheckRequest<'a> {
     pub rows_per_call: u64,
     /// Some(k) when the site is an LM head (logits): KL, top-1 and top-k overlap as well.
     pub logits_topk: Option<u32>,
+    /// Set when the call is being captured into a graph and the sampling rule is not "all":
+    /// the backend records the check with this rule decided on the device at every replay
+    /// (where it can; otherwise it records it unconditionally).
+    pub device_gate: Option<super::config::Sampling>,
 }
 
 /// What `before_call` kept for `after_call` (backend-specific).
@@ -85,6 +89,10 @@ pub trait Backend: Send + Sync {
     fn after_call(&self, request: &CheckRequest, pre: PreCall) -> Result<(), Skip>;
     /// Finished checks since the last poll, in completion order.
     fn poll(&self, out: &mut Vec<Polled>);
+    /// Whether `stream` is capturing into a graph (cheap; false where graphs do not exist).
+    fn is_capturing(&self, _stream: u64) -> bool {
+        false
+    }
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

@@ -239,7 +239,8 @@ impl GpuBackend {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
             }
-            let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
+            // [row epoch, launch counter of the device-side sampling gate]
+            let epoch = self.checker.alloc_zeroed(16).map_err(|e| Skip::new(pool_reason(&e)))?;
             sites.insert(
                 req.site_id,
                 SiteGpu {
@@ -307,10 +308,15 @@ impl GpuBackend {
         let weight = site.weight.as_ref().expect("set above");
         let scratch = &site.sketch_scratch[&key];
         let rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
-        let prepared = self
+        let mut prepared = self
             .checker
             .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq))
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
+        if let Some(rule) = req.device_gate {
+            prepared.params.gate_ptr = site.epoch.ptr + 8;
+            prepared.params.gate_first = rule.first.min(u32::MAX as u64) as u32;
+            prepared.params.gate_every = rule.every.min(u32::MAX as u64) as u32;
+        }
         self.checker
             .launch_prepared(&prepared, stream)
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))
@@ -492,6 +498,10 @@ impl Backend for GpuBackend {
 
     fn device(&self) -> (String, String) {
         (self.checker.info.name.clone(), self.checker.info.arch.clone())
+    }
+
+    fn is_capturing(&self, stream: u64) -> bool {
+        self.runtime.is_capturing(Stream(stream)).unwrap_or(false)
     }
 
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {

@@ -255,7 +255,15 @@ impl Engine {
     fn gemm<A: GemmArgs>(&'static self, args: &A, real: &RealCall) -> i32 {
         self.stats.calls_seen.fetch_add(1, Ordering::Relaxed);
         let key = args.quick_key() ^ crate::rng::mix64(A::ENTRY.as_ptr() as u64);
-        if !self.sampler.take(key) {
+        let sampled = self.sampler.take(key);
+        // Inside a graph capture a host-side decision would be frozen into every replay: sketch
+        // checks are recorded with the rule instead, and the device decides at each replay.
+        let gated = self.config.sampling != config::Sampling::ALL
+            && self.config.mode == Mode::Check(CheckMode::Sketch)
+            && self.backend.as_ref().is_some_and(|b| {
+                args.stream().is_some_and(|s| s != 0 && b.is_capturing(s))
+            });
+        if !sampled && !gated {
             return real.call();
         }
         self.stats.sampled.fetch_add(1, Ordering::Relaxed);
@@ -296,6 +304,7 @@ impl Engine {
             },
             rows_per_call: self.config.check_rows,
             logits_topk: (mode != CheckMode::Sketch && call.problem.n >= LOGITS_MIN_N).then_some(LOGITS_TOPK),
+            device_gate: gated.then_some(self.config.sampling),
         };
         let pre = match backend.before_call(&request) {
             Ok(p) => p,

@@ -530,6 +530,9 @@ macro_rules! classic_entry {
             fn decode(&self) -> Result<super::InterceptedGemm, super::Skip> {
                 self.decode_with(&$real)
             }
+            fn stream(&self) -> Option<u64> {
+                super::common::HandleQueries::stream(&$real, self.raw().handle).ok()
+            }
         }
     };
 }

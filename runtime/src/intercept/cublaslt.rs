@@ -123,4 +123,7 @@ impl GemmArgs for cublasLtMatmul::Args {
     fn decode(&self) -> Result<InterceptedGemm, Skip> {
         self.decode_with(&CublasLtReal)
     }
+    fn stream(&self) -> Option<u64> {
+        Some(self.stream as u64)
+    }
 }

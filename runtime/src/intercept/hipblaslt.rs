@@ -240,4 +240,7 @@ impl GemmArgs for hipblasLtMatmul::Args {
     fn decode(&self) -> Result<InterceptedGemm, Skip> {
         self.decode_with(&HipblasLtReal)
     }
+    fn stream(&self) -> Option<u64> {
+        Some(self.stream as u64)
+    }
 }

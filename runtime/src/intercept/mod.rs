@@ -76,6 +76,12 @@ pub trait GemmArgs {
     fn quick_key(&self) -> u64;
     /// Full decode into the problem model, or why this call cannot be checked.
     fn decode(&self) -> Result<InterceptedGemm, Skip>;
+    /// The raw stream the call is enqueued on, when it is cheap to know (an argument, or one
+    /// handle query); the engine asks only for calls the host sampling passes over, to see
+    /// whether they are being captured into a graph.
+    fn stream(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The real function of one call, called at most once through [`RealCall::call`].
