@@ -688,7 +688,10 @@ fn classic_quick_keys_are_per_site() {
     let again = hook::cublasGemmEx::Args { b: ptr(0x9000), c: mptr(0x9900), ..base };
     assert_eq!(base.quick_key(), again.quick_key(), "new activations, same layer");
     assert_ne!(base.quick_key(), hook::cublasGemmEx::Args { a: ptr(0x1100), ..base }.quick_key());
-    assert_ne!(base.quick_key(), hook::cublasGemmEx::Args { n: 9, ..base }.quick_key());
+    // The vendor's n is the token count: prefill and decode calls of a layer are one site.
+    assert_eq!(base.quick_key(), hook::cublasGemmEx::Args { n: 9, ..base }.quick_key());
+    assert_ne!(base.quick_key(), hook::cublasGemmEx::Args { m: 17, ..base }.quick_key());
+    assert_ne!(base.quick_key(), hook::cublasGemmEx::Args { k: 33, ..base }.quick_key());
 }
 
 // =============================================================================================
