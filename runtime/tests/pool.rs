@@ -106,6 +106,9 @@ impl GpuRuntime for CountingRuntime {
     fn wait_event(&self, _s: Stream, _e: Event) -> Result<(), DeviceError> {
         unsupported()
     }
+    fn current_ordinal(&self) -> Result<i32, DeviceError> {
+        Ok(0)
+    }
     fn event_done(&self, _e: Event) -> Result<bool, DeviceError> {
         unsupported()
     }

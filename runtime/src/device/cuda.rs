@@ -234,6 +234,10 @@ impl GpuRuntime for CudaRuntime {
         Vendor::Nvidia
     }
 
+    fn current_ordinal(&self) -> Result<i32, DeviceError> {
+        self.current_cu_device()
+    }
+
     fn current_device(&self) -> Result<DeviceInfo, DeviceError> {
         use cu::CUdevice_attribute::*;
         let device = self.current_cu_device()?;

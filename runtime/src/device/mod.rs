@@ -107,6 +107,8 @@ pub trait GpuRuntime: Send + Sync {
 
     /// The caller's current device (its context is left as it is).
     fn current_device(&self) -> Result<DeviceInfo, DeviceError>;
+    /// Ordinal of the calling thread's current device (one cheap driver call).
+    fn current_ordinal(&self) -> Result<i32, DeviceError>;
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError>;
     /// # Safety

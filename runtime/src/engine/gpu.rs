@@ -256,6 +256,19 @@ impl GpuBackend {
         Ok(sites.get_mut(&req.site_id).expect("inserted above"))
     }
 
+    /// The backend's kernels, pool and ring belong to the device current when it started; a
+    /// call on another device of the process passes through, counted, instead of launching
+    /// foreign handles (one backend per device is not built yet).
+    fn same_device(&self) -> Result<(), Skip> {
+        match self.runtime.current_ordinal() {
+            Ok(o) if o == self.checker.info.ordinal => Ok(()),
+            Ok(_) => {
+                Err(Skip::new("call on a second GPU of the process (one device per process is checked)"))
+            }
+            Err(e) => Err(Skip::new(format!("current device: {}", short(&e.to_string())))),
+        }
+    }
+
     fn ordinal_of(&self, site_id: u64) -> u32 {
         self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).get(&site_id).copied().unwrap_or(u32::MAX)
     }
@@ -505,6 +518,7 @@ impl Backend for GpuBackend {
     }
 
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {
+        self.same_device()?;
         if req.call.pointer_arrays.is_some() {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
@@ -546,6 +560,7 @@ impl Backend for GpuBackend {
     }
 
     fn after_call(&self, req: &CheckRequest, pre: PreCall) -> Result<(), Skip> {
+        self.same_device()?;
         let stream = Stream(req.call.stream);
         let capturing = self
             .runtime

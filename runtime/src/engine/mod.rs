@@ -260,9 +260,10 @@ impl Engine {
         // checks are recorded with the rule instead, and the device decides at each replay.
         let gated = self.config.sampling != config::Sampling::ALL
             && self.config.mode == Mode::Check(CheckMode::Sketch)
-            && self.backend.as_ref().is_some_and(|b| {
-                args.stream().is_some_and(|s| s != 0 && b.is_capturing(s))
-            });
+            && self
+                .backend
+                .as_ref()
+                .is_some_and(|b| args.stream().is_some_and(|s| s != 0 && b.is_capturing(s)));
         if !sampled && !gated {
             return real.call();
         }

@@ -259,6 +259,10 @@ impl GpuRuntime for HipRuntime {
         Vendor::Amd
     }
 
+    fn current_ordinal(&self) -> Result<i32, DeviceError> {
+        result::get_device(&self.hip)
+    }
+
     fn current_device(&self) -> Result<DeviceInfo, DeviceError> {
         let (status, count) = result::get_device_count(&self.hip)?;
         if status == sys::HIP_ERROR_NO_DEVICE || status == sys::HIP_ERROR_INSUFFICIENT_DRIVER {
