@@ -88,8 +88,28 @@ struct SiteState {
 /// The sites of this process.
 pub struct Sites {
     map: Mutex<HashMap<u64, SiteState>>,
+    /// Per shape (the identity without the weight pointer): the weight pointers seen, to spot
+    /// shapes whose "weight" is a fresh temporary at every call.
+    shapes: Mutex<HashMap<u64, ShapeState>>,
     names: HashMap<u64, String>,
 }
+
+#[derive(Default)]
+struct ShapeState {
+    /// Calls per distinct weight pointer (the first TRANSIENT_AFTER + 1 pointers only).
+    pointers: HashMap<u64, u32>,
+    /// Every pointer so far was seen once: the operand is not a weight, and the shape is one site.
+    transient: bool,
+}
+
+/// Distinct weight pointers, each seen once, after which a shape's B operand is treated as a
+/// per-call temporary (e.g. the rotary-embedding products of a Llama forward pass): its calls
+/// then share one site instead of making a new site (and new device state) per call. Large
+/// enough that the first forward pass of a deep model (one call per same-shaped layer, no
+/// repeats yet) never trips it; pointers named in the names map are weights and never count.
+const TRANSIENT_AFTER: usize = 256;
+/// Shapes tracked for that purpose (bounded memory: at most this many x TRANSIENT_AFTER entries).
+const MAX_SHAPES: usize = 4096;
 
 /// Sites remembered; beyond, calls of new sites share one ordinal (bounded memory).
 const MAX_SITES: usize = 1 << 16;
@@ -106,14 +126,14 @@ impl Sites {
                 }
             },
         };
-        Sites { map: Mutex::new(HashMap::new()), names }
+        Sites { map: Mutex::new(HashMap::new()), shapes: Mutex::new(HashMap::new()), names }
     }
 
-    /// Site identity of a decoded call.
-    pub fn id_of(call: &InterceptedGemm) -> u64 {
+    /// Identity of a decoded call without its weight pointer: entry, N, K, formats, scales.
+    pub fn shape_of(call: &InterceptedGemm) -> u64 {
         let p = &call.problem;
         let scale = |s: &Option<crate::problem::ScaleSpec>| {
-            s.map_or(0, |s| mix64(s.granularity.short_name().len() as u64 ^ ((s.format as u64) << 8)))
+            s.map_or(0, |s| mix64(fnv(s.granularity.short_name().as_bytes()) ^ ((s.format as u64) << 8)))
         };
         let mut h = mix64(call.entry.len() as u64 ^ fnv(call.entry.as_bytes()));
         for v in [
@@ -124,15 +144,44 @@ impl Sites {
             p.d.format as u64,
             scale(&p.a_scale),
             scale(&p.b_scale),
-            call.buffers.b,
         ] {
             h = mix64(h ^ v);
         }
         h
     }
 
+    /// Site identity of a decoded call: its shape and weight pointer.
+    pub fn id_of(call: &InterceptedGemm) -> u64 {
+        mix64(Sites::shape_of(call) ^ call.buffers.b)
+    }
+
+    /// The call's site id, folding shapes whose B operand is a per-call temporary.
+    fn identity(&self, call: &InterceptedGemm) -> (u64, bool) {
+        let shape = Sites::shape_of(call);
+        let mut shapes = self.shapes.lock().unwrap_or_else(|e| e.into_inner());
+        if self.names.contains_key(&call.buffers.b)
+            || (shapes.len() >= MAX_SHAPES && !shapes.contains_key(&shape))
+        {
+            return (Sites::id_of(call), false);
+        }
+        let st = shapes.entry(shape).or_default();
+        if st.transient {
+            return (mix64(shape ^ 0x7472_616e_7369_656e), true);
+        }
+        let b = call.buffers.b;
+        if st.pointers.len() <= TRANSIENT_AFTER || st.pointers.contains_key(&b) {
+            *st.pointers.entry(b).or_insert(0) += 1;
+        }
+        if st.pointers.len() > TRANSIENT_AFTER && st.pointers.values().all(|&n| n == 1) {
+            st.transient = true;
+            st.pointers.clear();
+            return (mix64(shape ^ 0x7472_616e_7369_656e), true);
+        }
+        (Sites::id_of(call), false)
+    }
+
     pub fn site_of(&self, call: &InterceptedGemm) -> SiteRef {
-        let id = Sites::id_of(call);
+        let (id, transient) = self.identity(call);
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let next = map.len() as u32;
         let (ordinal, epoch) = if map.len() >= MAX_SITES && !map.contains_key(&id) {
@@ -142,7 +191,8 @@ impl Sites {
             s.calls += 1;
             (s.ordinal, s.calls - 1)
         };
-        SiteRef { id, ordinal, epoch, name: self.names.get(&call.buffers.b).cloned() }
+        let name = if transient { None } else { self.names.get(&call.buffers.b).cloned() };
+        SiteRef { id, ordinal, epoch, name }
     }
 }
 
@@ -198,6 +248,54 @@ mod tests {
             taken,
             (0..7).map(|k| (40_000 / 7 + usize::from(k < 40_000 % 7)).div_ceil(10)).sum::<usize>()
         );
+    }
+
+    fn call_with_weight(b: u64) -> InterceptedGemm {
+        use crate::formats::Format;
+        InterceptedGemm {
+            entry: "cublasGemmEx",
+            problem: crate::problem::GemmProblem::row_major(
+                4,
+                64,
+                32,
+                Format::Bf16,
+                Format::Bf16,
+                Format::Bf16,
+            ),
+            buffers: crate::problem::GemmBuffers { b, ..Default::default() },
+            stream: 0,
+            pointer_arrays: None,
+        }
+    }
+
+    #[test]
+    fn weights_are_sites_and_per_call_temporaries_fold_into_one() {
+        let sites = Sites::new(None);
+        // A real weight: the same pointer at every call is one site, whose epoch counts calls.
+        let w: Vec<SiteRef> = (0..20).map(|_| sites.site_of(&call_with_weight(0x1000))).collect();
+        assert!(w.iter().all(|s| s.ordinal == w[0].ordinal));
+        assert_eq!(w[19].epoch, 19);
+        // Other layers of the same shape stay apart, also many of them seen once each (the
+        // first forward pass of a deep model), and then repeated.
+        let layers: Vec<u32> =
+            (0..128u64).map(|l| sites.site_of(&call_with_weight(0x2000 + l * 0x100)).ordinal).collect();
+        let again: Vec<u32> =
+            (0..128u64).map(|l| sites.site_of(&call_with_weight(0x2000 + l * 0x100)).ordinal).collect();
+        assert_eq!(layers, again);
+        assert_eq!(layers.iter().collect::<std::collections::HashSet<_>>().len(), 128);
+        assert!(!layers.contains(&w[0].ordinal));
+        // A temporary operand of another shape (new pointer each call): after a few calls all
+        // later calls share one site.
+        let t: Vec<u32> = (0..(TRANSIENT_AFTER as u64 + 40))
+            .map(|i| {
+                let mut c = call_with_weight(0x10_0000 + i * 0x100);
+                c.problem.k = 16;
+                sites.site_of(&c).ordinal
+            })
+            .collect();
+        let distinct: std::collections::HashSet<u32> = t.iter().copied().collect();
+        assert!(distinct.len() <= TRANSIENT_AFTER + 1, "{} sites", distinct.len());
+        assert!(t[TRANSIENT_AFTER..].iter().all(|&o| o == t[TRANSIENT_AFTER]), "{t:?}");
     }
 
     #[test]
