@@ -48,6 +48,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuEventRecord",
     "cuStreamWaitEvent",
     "cuEventQuery",
+    "cuThreadExchangeStreamCaptureMode",
 ];
 
 const NVRTC_SYMBOLS: &[&str] = &[
@@ -445,6 +446,18 @@ impl GpuRuntime for CudaRuntime {
                 std::ptr::null_mut(),
             )
         })
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> Result<u32, DeviceError> {
+        use cu::CUstreamCaptureMode::*;
+        let mut m = match mode {
+            0 => CU_STREAM_CAPTURE_MODE_GLOBAL,
+            1 => CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            _ => CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: in/out pointer to a valid local.
+        check("cuThreadExchangeStreamCaptureMode", unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut m) })?;
+        Ok(m as u32)
     }
 
     fn is_capturing(&self, s: Stream) -> Result<bool, DeviceError> {

@@ -170,6 +170,15 @@ pub trait GpuRuntime: Send + Sync {
     ) -> Result<(), DeviceError>;
 
     fn is_capturing(&self, stream: Stream) -> Result<bool, DeviceError>;
+    /// Sets this thread's stream-capture interaction mode (CUDA: 0 global, 1 thread-local,
+    /// 2 relaxed) and returns the previous one. Set-up work (allocations, synchronous copies,
+    /// module loads) runs relaxed so that it never invalidates a capture another thread runs
+    /// in the default global mode, as PyTorch's allocator does. Runtimes without the notion
+    /// keep the default (nothing to exchange).
+    fn exchange_capture_mode(&self, mode: u32) -> Result<u32, DeviceError> {
+        let _ = mode;
+        Ok(0)
+    }
     fn synchronize(&self, stream: Stream) -> Result<(), DeviceError>;
 
     /// A non-blocking stream of the lowest priority, for reference work off the production

@@ -49,8 +49,10 @@ pub fn start_cuda(settings: &GpuSettings) -> Result<GpuBackend, String> {
     if !library_loaded("libcuda.so") {
         return Err("libcuda is not loaded in this process".into());
     }
-    let rt = crate::device::cuda::CudaRuntime::load().map_err(|e| e.to_string())?;
-    GpuBackend::new(Arc::new(rt), "cuda", settings)
+    let rt: Arc<dyn GpuRuntime> =
+        Arc::new(crate::device::cuda::CudaRuntime::load().map_err(|e| e.to_string())?);
+    let _relaxed = RelaxedCapture::new(rt.as_ref());
+    GpuBackend::new(rt.clone(), "cuda", settings)
 }
 
 /// The HIP backend, when this process already uses HIP and a device is current.
@@ -60,6 +62,28 @@ pub fn start_hip(settings: &GpuSettings) -> Result<GpuBackend, String> {
     }
     let rt = crate::device::hip::HipRuntime::load().map_err(|e| e.to_string())?;
     GpuBackend::new(Arc::new(rt), "hip", settings)
+}
+
+/// This thread in relaxed capture mode until dropped (see `GpuRuntime::exchange_capture_mode`).
+struct RelaxedCapture<'a> {
+    runtime: &'a dyn GpuRuntime,
+    previous: Option<u32>,
+}
+
+impl<'a> RelaxedCapture<'a> {
+    const RELAXED: u32 = 2;
+
+    fn new(runtime: &'a dyn GpuRuntime) -> RelaxedCapture<'a> {
+        RelaxedCapture { runtime, previous: runtime.exchange_capture_mode(Self::RELAXED).ok() }
+    }
+}
+
+impl Drop for RelaxedCapture<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.previous {
+            let _ = self.runtime.exchange_capture_mode(p);
+        }
+    }
 }
 
 /// A weight's probe projections and the scratch of its checks.
@@ -523,6 +547,7 @@ impl Backend for GpuBackend {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
         let p = &req.call.problem;
+        let _relaxed = RelaxedCapture::new(self.runtime.as_ref());
         let in_place = p.c.is_some()
             && req.call.buffers.c == req.call.buffers.d
             && p.beta != crate::problem::Scalar::Host(0.0);
@@ -566,6 +591,9 @@ impl Backend for GpuBackend {
             .runtime
             .is_capturing(stream)
             .map_err(|e| Skip::new(format!("stream capture query: {}", short(&e.to_string()))))?;
+        // Set-up (allocations, synchronous zeroing, module loads) happens only outside a capture
+        // of this stream; relaxed mode keeps it from invalidating another thread's capture.
+        let _relaxed = (!capturing).then(|| RelaxedCapture::new(self.runtime.as_ref()));
         let mut buffers = req.call.buffers;
         if let Some(copy) = pre.0.and_then(|b| b.downcast::<u64>().ok()) {
             buffers.c = *copy;
