@@ -1,4 +1,4 @@
-//! The real query path of the decoders (symbol resolution through `real_function`, the C
+//! The real query path of the decoders (symbol resolution through `RealSlot`, the C
 //! signatures of the getters, the attribute sizes passed) against a stand-in cuBLAS/cuBLASLt
 //! written here in C, compiled to a shared library at test time and loaded RTLD_LOCAL (as
 //! Python loads the real ones). The stand-in getters refuse a size that is not the attribute's

@@ -28,7 +28,7 @@
 //! mapping numerically: vendor-layout data, a naive column-major GEMM written there, and the
 //! host oracle on the decoded problem must agree.
 
-use super::{InterceptedGemm, PointerArrays, Skip};
+use super::{InterceptedGemm, PointerArrays, RealSlot, Skip};
 use crate::formats::Format;
 use crate::problem::{
     Bias, BiasAxis, ComputeType, Epilogue, GemmBuffers, GemmProblem, MatrixLayout, Order, ProblemError,
@@ -38,8 +38,7 @@ use crate::vendor::{
     AttrHandling, AttrValue, Entry, EpilogueMapping, LayoutAttr, LibVersion, MatmulDescAttr, PointerMode,
     ScaleMapping,
 };
-use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ffi::c_void;
 
 // =============================================================================================
 // Site keys
@@ -193,43 +192,10 @@ pub fn non_negative(vendor: &'static str, what: &'static str, v: i64) -> Result<
 // Lazily resolved helper functions (getters of the vendor libraries)
 // =============================================================================================
 
-/// A vendor helper function (`cublasGetStream_v2`, `cublasLtMatmulDescGetAttribute`, ...)
-/// resolved through [`super::real_function`] on first use and cached for the process, a miss
-/// included: the helpers live in the library whose hooked entry is being called, so that
-/// library is loaded by then and a miss means the symbol does not exist (walking every loaded
-/// object again on each call would cost milliseconds per GEMM).
-pub struct LazyFn {
-    name: &'static CStr,
-    /// 0: not resolved yet; [`LazyFn::MISSING`]: not found; otherwise the address.
-    ptr: AtomicUsize,
-}
-
-impl LazyFn {
-    const MISSING: usize = 1;
-
-    pub const fn new(name: &'static CStr) -> LazyFn {
-        LazyFn { name, ptr: AtomicUsize::new(0) }
-    }
-
-    pub fn name(&self) -> &'static str {
-        self.name.to_str().unwrap_or("?")
-    }
-
-    pub fn get(&self) -> Option<*mut c_void> {
-        let mut p = self.ptr.load(Ordering::Acquire);
-        if p == 0 {
-            // Racing first calls resolve the same value; both stores are equal.
-            p = super::real_function(self.name).map_or(Self::MISSING, |f| f as usize);
-            self.ptr.store(p, Ordering::Release);
-        }
-        (p != Self::MISSING).then_some(p as *mut c_void)
-    }
-}
-
 /// `status f(handle, T* out)` through a resolved getter, T of `out_bytes` (4 or 8) bytes;
 /// `None` when the getter is missing or fails. The C shape of cuBLAS's, hipBLAS's and
 /// rocBLAS's stream and pointer-mode getters.
-pub(crate) fn handle_get(f: &LazyFn, handle: *mut c_void, out_bytes: usize) -> Option<i64> {
+pub(crate) fn handle_get(f: &RealSlot, handle: *mut c_void, out_bytes: usize) -> Option<i64> {
     let p = f.get()?;
     let mut v: i64 = 0;
     debug_assert!(out_bytes <= 8);
@@ -555,7 +521,7 @@ pub trait LtQueries {
 
 /// `status get(obj, attr, void* buf, size_t size, size_t* written)` through a resolved getter
 /// (the shape of all four Lt attribute getters).
-pub(crate) fn lt_get_attr(f: &LazyFn, obj: *mut c_void, id: i32, buf: &mut [u8]) -> Result<(), ()> {
+pub(crate) fn lt_get_attr(f: &RealSlot, obj: *mut c_void, id: i32, buf: &mut [u8]) -> Result<(), ()> {
     let p = f.get().ok_or(())?;
     let mut written: usize = 0;
     // SAFETY: `p` is the vendor getter of that signature; `buf` is writable for its length and

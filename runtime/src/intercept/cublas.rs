@@ -6,9 +6,9 @@
 //! (`cublasGetStream_v2`, `cublasGetPointerMode_v2`, `cublasGetMathMode`).
 
 use super::common::{
-    classic_entry, handle_get, ClassicCall, HandleQueries, LazyFn, RawClassic, RawOperand, ScalarKind,
-    Variant,
+    classic_entry, handle_get, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant,
 };
+use super::RealSlot;
 use super::Skip;
 use crate::formats::Format;
 use crate::problem::ComputeType;
@@ -19,9 +19,9 @@ use crate::vendor::cublas::{
 use crate::vendor::data_type::{cuda_data_type_name, format_from_cuda_data_type, CUDA_R_16F, CUDA_R_32F};
 use std::ffi::c_void;
 
-static GET_STREAM: LazyFn = LazyFn::new(c"cublasGetStream_v2");
-static GET_POINTER_MODE: LazyFn = LazyFn::new(c"cublasGetPointerMode_v2");
-static GET_MATH_MODE: LazyFn = LazyFn::new(c"cublasGetMathMode");
+static GET_STREAM: RealSlot = RealSlot::new(c"cublasGetStream_v2");
+static GET_POINTER_MODE: RealSlot = RealSlot::new(c"cublasGetPointerMode_v2");
+static GET_MATH_MODE: RealSlot = RealSlot::new(c"cublasGetMathMode");
 
 /// The real cuBLAS handle getters.
 pub struct CublasHandle;

@@ -3,8 +3,9 @@
 //! chosen by the version `cublasLtGetVersion()` reports. The decoding itself (transpose
 //! identity, ROW/COL orders, scales, epilogue) is [`common::decode_lt`].
 
-use super::common::{self, lt_get_attr, LazyFn, LtCall, LtDialect, LtQueries};
+use super::common::{self, lt_get_attr, LtCall, LtDialect, LtQueries};
 use super::hook::cublasLtMatmul;
+use super::RealSlot;
 use super::{GemmArgs, InterceptedGemm, RealCall, Skip};
 use crate::vendor::cublas::{
     compute_type_from_cublas, cublas_compute_type_name, transpose_from_cublas_operation,
@@ -55,9 +56,9 @@ pub static CUBLASLT: LtDialect = LtDialect {
     batch_mode_pointer_array: CUBLASLT_BATCH_MODE_POINTER_ARRAY as i64,
 };
 
-static GET_VERSION: LazyFn = LazyFn::new(c"cublasLtGetVersion");
-static DESC_GET: LazyFn = LazyFn::new(c"cublasLtMatmulDescGetAttribute");
-static LAYOUT_GET: LazyFn = LazyFn::new(c"cublasLtMatrixLayoutGetAttribute");
+static GET_VERSION: RealSlot = RealSlot::new(c"cublasLtGetVersion");
+static DESC_GET: RealSlot = RealSlot::new(c"cublasLtMatmulDescGetAttribute");
+static LAYOUT_GET: RealSlot = RealSlot::new(c"cublasLtMatrixLayoutGetAttribute");
 /// `cublasLtGetVersion()` once read (0: not yet).
 static VERSION_RAW: AtomicUsize = AtomicUsize::new(0);
 

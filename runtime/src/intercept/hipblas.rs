@@ -9,9 +9,9 @@
 //! [`super::common`] applies.
 
 use super::common::{
-    classic_entry, handle_get, ClassicCall, HandleQueries, LazyFn, RawClassic, RawOperand, ScalarKind,
-    Variant,
+    classic_entry, handle_get, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant,
 };
+use super::RealSlot;
 use super::Skip;
 use crate::vendor::hipblas::{
     compute_type_from_gemm_ex, format_from_gemm_ex_type, gemm_ex_abi, hipblas_compute_type_name,
@@ -19,8 +19,8 @@ use crate::vendor::hipblas::{
 };
 use std::ffi::c_void;
 
-static GET_STREAM: LazyFn = LazyFn::new(c"hipblasGetStream");
-static GET_POINTER_MODE: LazyFn = LazyFn::new(c"hipblasGetPointerMode");
+static GET_STREAM: RealSlot = RealSlot::new(c"hipblasGetStream");
+static GET_POINTER_MODE: RealSlot = RealSlot::new(c"hipblasGetPointerMode");
 
 /// The real hipBLAS handle getters.
 pub struct HipblasHandle;

@@ -8,8 +8,9 @@
 //! with the wrong width and raise a false alarm, and a counted skip is the honest outcome.
 //! Everything else is [`common::decode_lt`] with hipBLASLt's numbering by `hipblasLtGetVersion`.
 
-use super::common::{self, lt_get_attr, LazyFn, LtCall, LtDialect, LtQueries};
+use super::common::{self, lt_get_attr, LtCall, LtDialect, LtQueries};
 use super::hook::{hipblasLtMatmul, hipblasLtMatmulDescCreate, hipblasLtMatmulDescDestroy};
+use super::RealSlot;
 use super::{GemmArgs, InterceptedGemm, RealCall, Skip};
 use crate::problem::ScaleSpec;
 use crate::vendor::data_type::{format_from_hip_data_type, hip_data_type_name};
@@ -156,9 +157,9 @@ pub fn desc_destroy(args: &hipblasLtMatmulDescDestroy::Args, real: &RealCall) ->
 
 // ---- real queries -----------------------------------------------------------------------------
 
-static GET_VERSION: LazyFn = LazyFn::new(c"hipblasLtGetVersion");
-static DESC_GET: LazyFn = LazyFn::new(c"hipblasLtMatmulDescGetAttribute");
-static LAYOUT_GET: LazyFn = LazyFn::new(c"hipblasLtMatrixLayoutGetAttribute");
+static GET_VERSION: RealSlot = RealSlot::new(c"hipblasLtGetVersion");
+static DESC_GET: RealSlot = RealSlot::new(c"hipblasLtMatmulDescGetAttribute");
+static LAYOUT_GET: RealSlot = RealSlot::new(c"hipblasLtMatrixLayoutGetAttribute");
 /// `hipblasLtGetVersion` once read (-1: not yet; one hipBLASLt per process).
 static VERSION_RAW: AtomicI64 = AtomicI64::new(-1);
 

@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 pub mod common;
 pub mod cublas;
@@ -139,11 +139,6 @@ impl Drop for HookGuard {
     }
 }
 
-/// True while the current thread is inside a hook body.
-pub fn in_hook() -> bool {
-    IN_HOOK.try_with(|f| f.get()).unwrap_or(true)
-}
-
 /// The body of every export: guard, catch_unwind, exactly one real call.
 pub fn guarded(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i32 {
     let Some(_guard) = HookGuard::enter() else {
@@ -160,40 +155,35 @@ pub fn guarded(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i
     }
 }
 
-/// A lazily resolved real-function pointer (resolved once, cached; null = not found).
+/// A real vendor function (a hooked entry's, or a helper such as `cublasGetStream_v2`)
+/// resolved by [`resolve::real_symbol`] on first use and cached for the process, a miss
+/// included: walking every loaded object again on each call would cost milliseconds per GEMM,
+/// and the library whose hooked entry is being called is loaded by then.
 pub struct RealSlot {
-    name: &'static str,
-    ptr: AtomicPtr<c_void>,
-    /// 0 unresolved, 1 resolved (ptr may be null = missing).
-    state: AtomicU8,
+    name: &'static CStr,
+    /// 0: not resolved yet; [`RealSlot::MISSING`]: not found; otherwise the address.
+    ptr: AtomicUsize,
 }
 
 impl RealSlot {
-    pub const fn new(name_with_nul: &'static str) -> RealSlot {
-        RealSlot { name: name_with_nul, ptr: AtomicPtr::new(std::ptr::null_mut()), state: AtomicU8::new(0) }
+    const MISSING: usize = 1;
+
+    pub const fn new(name: &'static CStr) -> RealSlot {
+        RealSlot { name, ptr: AtomicUsize::new(0) }
     }
 
     pub fn name(&self) -> &'static str {
-        self.name.trim_end_matches('\0')
+        self.name.to_str().unwrap_or("?")
     }
 
-    /// The real function, resolved on first use by [`resolve::real_symbol`].
     pub fn get(&self) -> Option<*mut c_void> {
-        if self.state.load(Ordering::Acquire) == 0 {
-            // Racing first calls resolve the same pointer; both stores are equal.
-            let name = CStr::from_bytes_with_nul(self.name.as_bytes()).ok();
-            let p = name.and_then(resolve::real_symbol).unwrap_or(std::ptr::null_mut());
+        let mut p = self.ptr.load(Ordering::Acquire);
+        if p == 0 {
+            // Racing first calls resolve the same value; both stores are equal.
+            p = resolve::real_symbol(self.name).map_or(Self::MISSING, |f| f as usize);
             self.ptr.store(p, Ordering::Release);
-            self.state.store(1, Ordering::Release);
         }
-        let p = self.ptr.load(Ordering::Acquire);
-        (!p.is_null()).then_some(p)
-    }
-
-    /// Test hook: forget the cached pointer (next `get` resolves again).
-    pub fn reset(&self) {
-        self.state.store(0, Ordering::Release);
-        self.ptr.store(std::ptr::null_mut(), Ordering::Release);
+        (p != Self::MISSING).then_some(p as *mut c_void)
     }
 }
 
@@ -202,9 +192,6 @@ macro_rules! define_hook_modules {
     ($( $sym:ident : $($handler:ident)::+ , missing = $status:expr, ( $($p:ident : $t:ty),* $(,)? ) ;)*) => {
         /// Every hooked symbol, in list order (the shim exports exactly these).
         pub const HOOK_NAMES: &[&str] = &[$(stringify!($sym)),*];
-
-        /// The resolution slot of every hook, for the dlsym hook and diagnostics.
-        pub static REAL_SLOTS: &[&RealSlot] = &[$(&hook::$sym::REAL),*];
 
         /// One module per hooked symbol.
         pub mod hook {
@@ -232,7 +219,12 @@ macro_rules! define_hook_modules {
                 /// Returned when the real symbol cannot be found.
                 pub const MISSING_STATUS: i32 = $status;
                 pub static REAL: crate::intercept::RealSlot =
-                    crate::intercept::RealSlot::new(concat!(stringify!($sym), "\0"));
+                    crate::intercept::RealSlot::new(match std::ffi::CStr::from_bytes_with_nul(
+                        concat!(stringify!($sym), "\0").as_bytes(),
+                    ) {
+                        Ok(name) => name,
+                        Err(_) => panic!("hook names are C identifiers"),
+                    });
 
                 /// The export's body.
                 ///
@@ -255,9 +247,3 @@ macro_rules! define_hook_modules {
 }
 
 for_each_hook!(define_hook_modules);
-
-/// Resolves a real vendor function by name (for attribute getters and such), cached by the
-/// caller. Same rules as the hook slots.
-pub fn real_function(name: &'static CStr) -> Option<*mut c_void> {
-    resolve::real_symbol(name)
-}

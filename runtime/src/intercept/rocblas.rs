@@ -9,9 +9,9 @@
 //! of [`super::common`] applies.
 
 use super::common::{
-    classic_entry, handle_get, ClassicCall, HandleQueries, LazyFn, RawClassic, RawOperand, ScalarKind,
-    Variant,
+    classic_entry, handle_get, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant,
 };
+use super::RealSlot;
 use super::Skip;
 use crate::problem::ComputeType;
 use crate::vendor::rocblas::{
@@ -20,8 +20,8 @@ use crate::vendor::rocblas::{
 };
 use std::ffi::c_void;
 
-static GET_STREAM: LazyFn = LazyFn::new(c"rocblas_get_stream");
-static GET_POINTER_MODE: LazyFn = LazyFn::new(c"rocblas_get_pointer_mode");
+static GET_STREAM: RealSlot = RealSlot::new(c"rocblas_get_stream");
+static GET_POINTER_MODE: RealSlot = RealSlot::new(c"rocblas_get_pointer_mode");
 
 /// The real rocBLAS handle getters.
 pub struct RocblasHandle;
