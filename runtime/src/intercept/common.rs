@@ -38,7 +38,7 @@ use crate::vendor::{
     AttrHandling, AttrValue, Entry, EpilogueMapping, LayoutAttr, LibVersion, MatmulDescAttr, PointerMode,
     ScaleMapping,
 };
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 
 // =============================================================================================
 // Site keys
@@ -214,13 +214,58 @@ pub(crate) fn handle_get(f: &RealSlot, handle: *mut c_void, out_bytes: usize) ->
     })
 }
 
+/// A classic BLAS library's handle getters (stream, pointer mode, and on cuBLAS the math
+/// mode), resolved on first use: the real [`HandleQueries`] of cuBLAS, hipBLAS and rocBLAS.
+pub struct VendorHandle {
+    vendor: &'static str,
+    stream: RealSlot,
+    pointer_mode: RealSlot,
+    math_mode: Option<RealSlot>,
+}
+
+impl VendorHandle {
+    pub const fn new(
+        vendor: &'static str,
+        stream: &'static CStr,
+        pointer_mode: &'static CStr,
+        math_mode: Option<&'static CStr>,
+    ) -> VendorHandle {
+        VendorHandle {
+            vendor,
+            stream: RealSlot::new(stream),
+            pointer_mode: RealSlot::new(pointer_mode),
+            math_mode: match math_mode {
+                Some(name) => Some(RealSlot::new(name)),
+                None => None,
+            },
+        }
+    }
+
+    fn failed(&self, getter: &RealSlot) -> Skip {
+        Skip::new(format!("{}: {} failed", self.vendor, getter.name()))
+    }
+}
+
+impl HandleQueries for VendorHandle {
+    fn stream(&self, handle: *mut c_void) -> Result<u64, Skip> {
+        handle_get(&self.stream, handle, 8).map(|v| v as u64).ok_or_else(|| self.failed(&self.stream))
+    }
+    fn pointer_mode(&self, handle: *mut c_void) -> Result<i32, Skip> {
+        handle_get(&self.pointer_mode, handle, 4)
+            .map(|v| v as i32)
+            .ok_or_else(|| self.failed(&self.pointer_mode))
+    }
+    fn math_mode(&self, handle: *mut c_void) -> Option<i32> {
+        handle_get(self.math_mode.as_ref()?, handle, 4).map(|v| v as i32)
+    }
+}
+
 // =============================================================================================
 // Classic BLAS (cuBLAS, hipBLAS, rocBLAS)
 // =============================================================================================
 
-/// What the classic decoders ask of a BLAS handle. The real implementations call the vendor's
-/// getters ([`super::cublas::CublasHandle`], [`super::hipblas::HipblasHandle`],
-/// [`super::rocblas::RocblasHandle`]); tests use fakes.
+/// What the classic decoders ask of a BLAS handle. The real implementation is
+/// [`VendorHandle`] over the vendor's getters; tests use fakes.
 pub trait HandleQueries {
     /// The raw stream the handle enqueues on.
     fn stream(&self, handle: *mut c_void) -> Result<u64, Skip>;

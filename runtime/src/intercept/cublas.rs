@@ -6,9 +6,8 @@
 //! (`cublasGetStream_v2`, `cublasGetPointerMode_v2`, `cublasGetMathMode`).
 
 use super::common::{
-    classic_entry, handle_get, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant,
+    classic_entry, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant, VendorHandle,
 };
-use super::RealSlot;
 use super::Skip;
 use crate::formats::Format;
 use crate::problem::ComputeType;
@@ -19,28 +18,13 @@ use crate::vendor::cublas::{
 use crate::vendor::data_type::{cuda_data_type_name, format_from_cuda_data_type, CUDA_R_16F, CUDA_R_32F};
 use std::ffi::c_void;
 
-static GET_STREAM: RealSlot = RealSlot::new(c"cublasGetStream_v2");
-static GET_POINTER_MODE: RealSlot = RealSlot::new(c"cublasGetPointerMode_v2");
-static GET_MATH_MODE: RealSlot = RealSlot::new(c"cublasGetMathMode");
-
-/// The real cuBLAS handle getters.
-pub struct CublasHandle;
-
-impl HandleQueries for CublasHandle {
-    fn stream(&self, handle: *mut c_void) -> Result<u64, Skip> {
-        handle_get(&GET_STREAM, handle, 8)
-            .map(|v| v as u64)
-            .ok_or_else(|| Skip::new("cublas: cublasGetStream_v2 failed"))
-    }
-    fn pointer_mode(&self, handle: *mut c_void) -> Result<i32, Skip> {
-        handle_get(&GET_POINTER_MODE, handle, 4)
-            .map(|v| v as i32)
-            .ok_or_else(|| Skip::new("cublas: cublasGetPointerMode_v2 failed"))
-    }
-    fn math_mode(&self, handle: *mut c_void) -> Option<i32> {
-        handle_get(&GET_MATH_MODE, handle, 4).map(|v| v as i32)
-    }
-}
+/// The real cublas handle getters.
+pub static CUBLAS_HANDLE: VendorHandle = VendorHandle::new(
+    "cublas",
+    c"cublasGetStream_v2",
+    c"cublasGetPointerMode_v2",
+    Some(c"cublasGetMathMode"),
+);
 
 /// Maps a raw cuBLAS call: types, transposes, compute (math mode applies to CUBLAS_COMPUTE_32F
 /// with f32 inputs and to Sgemm) and the alpha/beta type (the compute type's).
@@ -127,7 +111,7 @@ const H: Variant = Variant::CublasHgemm;
 const F32: i32 = CUDA_R_32F;
 const F16: i32 = CUDA_R_16F;
 
-classic_entry!(cublasGemmEx, gemm_ex, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasGemmEx, gemm_ex, resolve, CUBLAS_HANDLE, |s| raw(
     EX,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -140,7 +124,7 @@ classic_entry!(cublasGemmEx, gemm_ex, resolve, CublasHandle, |s| raw(
     s.compute,
     false
 ));
-classic_entry!(cublasGemmEx_64, gemm_ex_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasGemmEx_64, gemm_ex_64, resolve, CUBLAS_HANDLE, |s| raw(
     EX,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -153,7 +137,7 @@ classic_entry!(cublasGemmEx_64, gemm_ex_64, resolve, CublasHandle, |s| raw(
     s.compute,
     false
 ));
-classic_entry!(cublasGemmStridedBatchedEx, gemm_strided_batched_ex, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasGemmStridedBatchedEx, gemm_strided_batched_ex, resolve, CUBLAS_HANDLE, |s| raw(
     EX,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -166,7 +150,7 @@ classic_entry!(cublasGemmStridedBatchedEx, gemm_strided_batched_ex, resolve, Cub
     s.compute,
     false
 ));
-classic_entry!(cublasGemmStridedBatchedEx_64, gemm_strided_batched_ex_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasGemmStridedBatchedEx_64, gemm_strided_batched_ex_64, resolve, CUBLAS_HANDLE, |s| raw(
     EX,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -179,7 +163,7 @@ classic_entry!(cublasGemmStridedBatchedEx_64, gemm_strided_batched_ex_64, resolv
     s.compute,
     false
 ));
-classic_entry!(cublasGemmBatchedEx, gemm_batched_ex, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasGemmBatchedEx, gemm_batched_ex, resolve, CUBLAS_HANDLE, |s| raw(
     EX,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -192,7 +176,7 @@ classic_entry!(cublasGemmBatchedEx, gemm_batched_ex, resolve, CublasHandle, |s| 
     s.compute,
     true
 ));
-classic_entry!(cublasGemmBatchedEx_64, gemm_batched_ex_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasGemmBatchedEx_64, gemm_batched_ex_64, resolve, CUBLAS_HANDLE, |s| raw(
     EX,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -205,7 +189,7 @@ classic_entry!(cublasGemmBatchedEx_64, gemm_batched_ex_64, resolve, CublasHandle
     s.compute,
     true
 ));
-classic_entry!(cublasSgemm_v2, sgemm, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasSgemm_v2, sgemm, resolve, CUBLAS_HANDLE, |s| raw(
     S,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -218,7 +202,7 @@ classic_entry!(cublasSgemm_v2, sgemm, resolve, CublasHandle, |s| raw(
     0,
     false
 ));
-classic_entry!(cublasSgemm_v2_64, sgemm_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasSgemm_v2_64, sgemm_64, resolve, CUBLAS_HANDLE, |s| raw(
     S,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -231,7 +215,7 @@ classic_entry!(cublasSgemm_v2_64, sgemm_64, resolve, CublasHandle, |s| raw(
     0,
     false
 ));
-classic_entry!(cublasHgemm, hgemm, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasHgemm, hgemm, resolve, CUBLAS_HANDLE, |s| raw(
     H,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -244,7 +228,7 @@ classic_entry!(cublasHgemm, hgemm, resolve, CublasHandle, |s| raw(
     0,
     false
 ));
-classic_entry!(cublasHgemm_64, hgemm_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasHgemm_64, hgemm_64, resolve, CUBLAS_HANDLE, |s| raw(
     H,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -257,7 +241,7 @@ classic_entry!(cublasHgemm_64, hgemm_64, resolve, CublasHandle, |s| raw(
     0,
     false
 ));
-classic_entry!(cublasSgemmStridedBatched, sgemm_strided_batched, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasSgemmStridedBatched, sgemm_strided_batched, resolve, CUBLAS_HANDLE, |s| raw(
     S,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -270,7 +254,7 @@ classic_entry!(cublasSgemmStridedBatched, sgemm_strided_batched, resolve, Cublas
     0,
     false
 ));
-classic_entry!(cublasSgemmStridedBatched_64, sgemm_strided_batched_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasSgemmStridedBatched_64, sgemm_strided_batched_64, resolve, CUBLAS_HANDLE, |s| raw(
     S,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -283,7 +267,7 @@ classic_entry!(cublasSgemmStridedBatched_64, sgemm_strided_batched_64, resolve, 
     0,
     false
 ));
-classic_entry!(cublasHgemmStridedBatched, hgemm_strided_batched, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasHgemmStridedBatched, hgemm_strided_batched, resolve, CUBLAS_HANDLE, |s| raw(
     H,
     s.handle,
     (s.trans_a, s.trans_b),
@@ -296,7 +280,7 @@ classic_entry!(cublasHgemmStridedBatched, hgemm_strided_batched, resolve, Cublas
     0,
     false
 ));
-classic_entry!(cublasHgemmStridedBatched_64, hgemm_strided_batched_64, resolve, CublasHandle, |s| raw(
+classic_entry!(cublasHgemmStridedBatched_64, hgemm_strided_batched_64, resolve, CUBLAS_HANDLE, |s| raw(
     H,
     s.handle,
     (s.trans_a, s.trans_b),

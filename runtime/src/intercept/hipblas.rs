@@ -9,9 +9,8 @@
 //! [`super::common`] applies.
 
 use super::common::{
-    classic_entry, handle_get, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant,
+    classic_entry, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant, VendorHandle,
 };
-use super::RealSlot;
 use super::Skip;
 use crate::vendor::hipblas::{
     compute_type_from_gemm_ex, format_from_gemm_ex_type, gemm_ex_abi, hipblas_compute_type_name,
@@ -19,24 +18,9 @@ use crate::vendor::hipblas::{
 };
 use std::ffi::c_void;
 
-static GET_STREAM: RealSlot = RealSlot::new(c"hipblasGetStream");
-static GET_POINTER_MODE: RealSlot = RealSlot::new(c"hipblasGetPointerMode");
-
-/// The real hipBLAS handle getters.
-pub struct HipblasHandle;
-
-impl HandleQueries for HipblasHandle {
-    fn stream(&self, handle: *mut c_void) -> Result<u64, Skip> {
-        handle_get(&GET_STREAM, handle, 8)
-            .map(|v| v as u64)
-            .ok_or_else(|| Skip::new("hipblas: hipblasGetStream failed"))
-    }
-    fn pointer_mode(&self, handle: *mut c_void) -> Result<i32, Skip> {
-        handle_get(&GET_POINTER_MODE, handle, 4)
-            .map(|v| v as i32)
-            .ok_or_else(|| Skip::new("hipblas: hipblasGetPointerMode failed"))
-    }
-}
+/// The real hipblas handle getters.
+pub static HIPBLAS_HANDLE: VendorHandle =
+    VendorHandle::new("hipblas", c"hipblasGetStream", c"hipblasGetPointerMode", None);
 
 /// Maps a raw hipBLAS call under the ABI its symbol and A type imply.
 pub fn resolve(raw: &RawClassic, _q: &dyn HandleQueries) -> Result<ClassicCall, Skip> {
@@ -80,7 +64,7 @@ fn op(ptr: *const c_void, ty: i32, ld: i32, stride: i64) -> RawOperand {
 
 macro_rules! hipblas_ex {
     ($sym:ident, $handler:ident, $v2:expr) => {
-        classic_entry!($sym, $handler, resolve, HipblasHandle, |s| RawClassic {
+        classic_entry!($sym, $handler, resolve, HIPBLAS_HANDLE, |s| RawClassic {
             variant: Variant::HipblasEx { v2: $v2 },
             handle: s.handle,
             trans_a: s.trans_a,
@@ -104,7 +88,7 @@ macro_rules! hipblas_ex {
 
 macro_rules! hipblas_strided {
     ($sym:ident, $handler:ident, $v2:expr) => {
-        classic_entry!($sym, $handler, resolve, HipblasHandle, |s| RawClassic {
+        classic_entry!($sym, $handler, resolve, HIPBLAS_HANDLE, |s| RawClassic {
             variant: Variant::HipblasEx { v2: $v2 },
             handle: s.handle,
             trans_a: s.trans_a,

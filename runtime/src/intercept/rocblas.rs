@@ -9,9 +9,8 @@
 //! of [`super::common`] applies.
 
 use super::common::{
-    classic_entry, handle_get, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant,
+    classic_entry, ClassicCall, HandleQueries, RawClassic, RawOperand, ScalarKind, Variant, VendorHandle,
 };
-use super::RealSlot;
 use super::Skip;
 use crate::problem::ComputeType;
 use crate::vendor::rocblas::{
@@ -20,24 +19,9 @@ use crate::vendor::rocblas::{
 };
 use std::ffi::c_void;
 
-static GET_STREAM: RealSlot = RealSlot::new(c"rocblas_get_stream");
-static GET_POINTER_MODE: RealSlot = RealSlot::new(c"rocblas_get_pointer_mode");
-
-/// The real rocBLAS handle getters.
-pub struct RocblasHandle;
-
-impl HandleQueries for RocblasHandle {
-    fn stream(&self, handle: *mut c_void) -> Result<u64, Skip> {
-        handle_get(&GET_STREAM, handle, 8)
-            .map(|v| v as u64)
-            .ok_or_else(|| Skip::new("rocblas: rocblas_get_stream failed"))
-    }
-    fn pointer_mode(&self, handle: *mut c_void) -> Result<i32, Skip> {
-        handle_get(&GET_POINTER_MODE, handle, 4)
-            .map(|v| v as i32)
-            .ok_or_else(|| Skip::new("rocblas: rocblas_get_pointer_mode failed"))
-    }
-}
+/// The real rocblas handle getters.
+pub static ROCBLAS_HANDLE: VendorHandle =
+    VendorHandle::new("rocblas", c"rocblas_get_stream", c"rocblas_get_pointer_mode", None);
 
 /// Maps a raw rocBLAS call.
 pub fn resolve(raw: &RawClassic, _q: &dyn HandleQueries) -> Result<ClassicCall, Skip> {
@@ -89,7 +73,7 @@ fn op(ptr: *const c_void, ty: i32, ld: i32, stride: i64) -> RawOperand {
 
 macro_rules! rocblas_ex {
     ($sym:ident, $handler:ident, $variant:expr) => {
-        classic_entry!($sym, $handler, resolve, RocblasHandle, |s| RawClassic {
+        classic_entry!($sym, $handler, resolve, ROCBLAS_HANDLE, |s| RawClassic {
             variant: $variant,
             handle: s.handle,
             trans_a: s.trans_a,
@@ -113,7 +97,7 @@ macro_rules! rocblas_ex {
 
 rocblas_ex!(rocblas_gemm_ex, gemm_ex, Variant::RocblasEx);
 rocblas_ex!(rocblas_gemm_ex3, gemm_ex3, Variant::RocblasEx3);
-classic_entry!(rocblas_gemm_strided_batched_ex, gemm_strided_batched_ex, resolve, RocblasHandle, |s| {
+classic_entry!(rocblas_gemm_strided_batched_ex, gemm_strided_batched_ex, resolve, ROCBLAS_HANDLE, |s| {
     RawClassic {
         variant: Variant::RocblasEx,
         handle: s.handle,
