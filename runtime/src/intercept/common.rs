@@ -632,6 +632,32 @@ pub struct LtCall {
     pub stream: *mut c_void,
 }
 
+/// `From<&Args>` for the hook's arguments (`cublasLtMatmul`, `hipblasLtMatmul`): one C shape.
+macro_rules! lt_call_from {
+    ($($args:ty),*) => {$(
+        impl From<&$args> for LtCall {
+            fn from(a: &$args) -> LtCall {
+                LtCall {
+                    handle: a.handle,
+                    desc: a.desc,
+                    alpha: a.alpha,
+                    a: a.a,
+                    a_desc: a.a_desc,
+                    b: a.b,
+                    b_desc: a.b_desc,
+                    beta: a.beta,
+                    c: a.c,
+                    c_desc: a.c_desc,
+                    d: a.d,
+                    d_desc: a.d_desc,
+                    stream: a.stream,
+                }
+            }
+        }
+    )*};
+}
+lt_call_from!(super::hook::cublasLtMatmul::Args, super::hook::hipblasLtMatmul::Args);
+
 struct LtReader<'a> {
     d: &'a LtDialect,
     q: &'a dyn LtQueries,

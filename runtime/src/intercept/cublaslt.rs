@@ -87,32 +87,14 @@ impl LtQueries for CublasLtReal {
 }
 
 impl cublasLtMatmul::Args {
-    pub fn lt_call(&self) -> LtCall {
-        LtCall {
-            handle: self.handle,
-            desc: self.desc,
-            alpha: self.alpha,
-            a: self.a,
-            a_desc: self.a_desc,
-            b: self.b,
-            b_desc: self.b_desc,
-            beta: self.beta,
-            c: self.c,
-            c_desc: self.c_desc,
-            d: self.d,
-            d_desc: self.d_desc,
-            stream: self.stream,
-        }
-    }
-
     /// [`GemmArgs::decode`] over the given queries.
     pub fn decode_with(&self, q: &dyn LtQueries) -> Result<InterceptedGemm, Skip> {
-        common::decode_lt(cublasLtMatmul::NAME, &CUBLASLT, &self.lt_call(), q, None)
+        common::decode_lt(cublasLtMatmul::NAME, &CUBLASLT, &LtCall::from(self), q, None)
     }
 
     /// [`GemmArgs::quick_key`] over the given queries.
     pub fn quick_key_with(&self, q: &dyn LtQueries) -> u64 {
-        common::lt_key(cublasLtMatmul::NAME, &CUBLASLT, &self.lt_call(), q)
+        common::lt_key(cublasLtMatmul::NAME, &CUBLASLT, &LtCall::from(self), q)
     }
 }
 

@@ -201,35 +201,17 @@ impl LtQueries for HipblasLtReal {
 }
 
 impl hipblasLtMatmul::Args {
-    pub fn lt_call(&self) -> LtCall {
-        LtCall {
-            handle: self.handle,
-            desc: self.desc,
-            alpha: self.alpha,
-            a: self.a,
-            a_desc: self.a_desc,
-            b: self.b,
-            b_desc: self.b_desc,
-            beta: self.beta,
-            c: self.c,
-            c_desc: self.c_desc,
-            d: self.d,
-            d_desc: self.d_desc,
-            stream: self.stream,
-        }
-    }
-
     /// [`GemmArgs::decode`] over the given queries (compute/scale types from the map).
     pub fn decode_with(&self, q: &dyn LtQueries) -> Result<InterceptedGemm, Skip> {
         let types = desc_types(self.desc).ok_or_else(|| {
             Skip::new("hipblasLt: descriptor not seen at creation (compute and scale type unknown)")
         })?;
-        common::decode_lt(hipblasLtMatmul::NAME, &HIPBLASLT, &self.lt_call(), q, Some(types))
+        common::decode_lt(hipblasLtMatmul::NAME, &HIPBLASLT, &LtCall::from(self), q, Some(types))
     }
 
     /// [`GemmArgs::quick_key`] over the given queries.
     pub fn quick_key_with(&self, q: &dyn LtQueries) -> u64 {
-        common::lt_key(hipblasLtMatmul::NAME, &HIPBLASLT, &self.lt_call(), q)
+        common::lt_key(hipblasLtMatmul::NAME, &HIPBLASLT, &LtCall::from(self), q)
     }
 }
 
