@@ -265,6 +265,8 @@ impl GpuBackend {
             }
             // [row epoch, launch counter of the device-side sampling gate]
             let epoch = self.checker.alloc_zeroed(16).map_err(|e| Skip::new(pool_reason(&e)))?;
+            // The poller tags results with the ordinal of their site.
+            self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).insert(req.site_id, req.site_ordinal);
             sites.insert(
                 req.site_id,
                 SiteGpu {
@@ -600,7 +602,6 @@ impl Backend for GpuBackend {
         }
         let g = QsGemmDesc::from_problem(&req.call.problem, &buffers)
             .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))?;
-        self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).insert(req.site_id, req.site_ordinal);
         match req.mode {
             CheckMode::Sketch => self.sketch(req, &g, &buffers, stream, capturing),
             CheckMode::Rows | CheckMode::Full => self.rows_or_full(req, &g, &buffers, stream, capturing),
