@@ -254,8 +254,7 @@ impl Engine {
 
     fn gemm<A: GemmArgs>(&'static self, args: &A, real: &RealCall) -> i32 {
         self.stats.calls_seen.fetch_add(1, Ordering::Relaxed);
-        let key = args.quick_key() ^ crate::rng::mix64(A::ENTRY.as_ptr() as u64);
-        let sampled = self.sampler.take(key);
+        let sampled = self.sampler.take(args.quick_key());
         // Inside a graph capture a host-side decision would be frozen into every replay: sketch
         // checks are recorded with the rule instead, and the device decides at each replay.
         let gated = self.config.sampling != config::Sampling::ALL

@@ -71,8 +71,8 @@ pub trait GemmArgs {
     /// The exported symbol.
     const ENTRY: &'static str;
     /// A cheap identity of the call's site for the sampling decision: what can be read
-    /// without decoding descriptors (at most a couple of attribute reads). Calls of one site
-    /// must map to one key; distinct sites may rarely share one.
+    /// without decoding descriptors (at most a couple of attribute reads), the entry point
+    /// included. Calls of one site must map to one key; distinct sites may rarely share one.
     fn quick_key(&self) -> u64;
     /// Full decode into the problem model, or why this call cannot be checked.
     fn decode(&self) -> Result<InterceptedGemm, Skip>;
