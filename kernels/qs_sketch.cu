@@ -805,6 +805,39 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
 }
 #endif
 
+// ---- stage timing (experiment builds: QUANTSHADOW_KERNEL_DEFINES=QS_SKETCH_TIMING=1) ----------
+// The last block prints, per launch, nanoseconds from the first block's start to: the last
+// block's projections done, the group merge done, the final merge done, the ring claimed, the
+// slot published. CUDA only (%globaltimer); printf costs time itself, so only the deltas count.
+#if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
+__device__ qs_u64 qs_tm_start = ~0ull;
+__device__ qs_u64 qs_tm_proj = 0;
+QS_DEVICE qs_u64 qs_tm_now() {
+    qs_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define QS_TM_BLOCK_START() \
+    if (threadIdx.x == 0) atomicMin(&qs_tm_start, qs_tm_now())
+#define QS_TM_PROJ_DONE() \
+    if (threadIdx.x == 0) atomicMax(&qs_tm_proj, qs_tm_now())
+#define QS_TM_MARK(var) \
+    const qs_u64 var = qs_tm_now()
+#define QS_TM_REPORT(group_done, final_done, claimed)                                                         \
+    if (threadIdx.x == 0) {                                                                                  \
+        const qs_u64 s0 = qs_tm_start, end = qs_tm_now();                                                    \
+        printf("QS_TIMING proj %llu group %llu final %llu claim %llu publish %llu\n", qs_tm_proj - s0,       \
+               group_done - s0, final_done - s0, claimed - s0, end - s0);                                    \
+        qs_tm_start = ~0ull;                                                                                 \
+        qs_tm_proj = 0;                                                                                      \
+    }
+#else
+#define QS_TM_BLOCK_START() ((void)0)
+#define QS_TM_PROJ_DONE() ((void)0)
+#define QS_TM_MARK(var) const qs_u64 var = 0
+#define QS_TM_REPORT(group_done, final_done, claimed) ((void)(group_done + final_done + claimed))
+#endif
+
 template <int KP>
 QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketchSmem& sm) {
     const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
@@ -988,6 +1021,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     }
 
     qs_u32* counters = (qs_u32*)P.counters_ptr;
+    QS_TM_PROJ_DONE();
     if (!qs_last_block(&counters[gi], S)) return;
 
     // ---- group: sum the splits of each row, form y and x, reduce the rows -------------------
@@ -1100,6 +1134,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
         for (unsigned w = threadIdx.x; w < sizeof(QsSketchGroup) / 8; w += blockDim.x) dst[w] = src[w];
     }
 
+    QS_TM_MARK(tm_group);
     if (!qs_last_block(&counters[G], G)) return;
 
     // ---- the whole check: merge the groups, publish ---------------------------------------------
@@ -1145,6 +1180,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
         sm.fx[warp][lane] = fx;
     }
     __syncthreads();
+    QS_TM_MARK(tm_final);
     QsResultSlot* slot = &sm.slot;
     qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);
     if (threadIdx.x == 0) {
@@ -1184,7 +1220,9 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
         qs_rows_advance(P.rows);
     }
     __syncthreads();
+    QS_TM_MARK(tm_claim);
     qs_ring_publish(P.ring, slot);
+    QS_TM_REPORT(tm_group, tm_final, tm_claim);
 }
 
 #ifndef QS_SKETCH_MIN_BLOCKS
@@ -1197,6 +1235,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
                        P.rows_per_group == QS_WARPS_PER_BLOCK && P.splits == gridDim.y && gridDim.y <= QS_MAX_SPLITS && P.k >= 1 &&
                        P.k <= P.kp && P.g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_WARPS_PER_BLOCK;
     __shared__ QsSketchSmem sm;  // one copy for the three probe-count instantiations
+    QS_TM_BLOCK_START();
     if (P.gate_ptr) {
         // Every block adds one to the site's launch counter: launches are stream-ordered, so
         // the blocks of launch t see values in [t * blocks, (t + 1) * blocks) and all agree on

@@ -21,6 +21,7 @@ pub mod record;
 pub mod rng;
 pub mod runfile;
 pub mod sketch;
+pub mod specs;
 pub mod thresholds;
 pub mod transport;
 pub mod vendor;

@@ -7,6 +7,8 @@
 //! `$XDG_CACHE_HOME/quantshadow/<arch>/` (default `~/.cache/quantshadow/<arch>/`), written to a
 //! temporary name and renamed, so a crash leaves no half-written entry; an entry the driver
 //! refuses is recompiled and replaced. `QUANTSHADOW_CACHE=off` disables the disk cache.
+//! `QUANTSHADOW_KERNEL_DEFINES="NAME=VALUE ..."` adds defines to every program (kernel
+//! experiments such as `QS_SKETCH_TIMING=1`; part of the cache key like any define).
 
 use super::abi::{KernelBuild, ABI_VERSION, HEADERS};
 use super::{DeviceError, Function, GpuRuntime, Module};
@@ -126,6 +128,7 @@ impl KernelRegistry {
             .iter()
             .map(|o| o.to_string())
             .chain(build.defines.iter().map(|(k, v)| format!("-D{k}={v}")))
+            .chain(experiment_defines().iter().map(|(k, v)| format!("-D{k}={v}")))
             .collect();
         let image =
             runtime.compile(build.source.text(), build.source.file_name(), &self.arch, &options, &HEADERS)?;
@@ -198,6 +201,39 @@ fn store(path: &Path, image: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Extra defines from `QUANTSHADOW_KERNEL_DEFINES`, read once. Malformed entries are dropped
+/// with one warning: a define must be an identifier, its value identifier characters or '.'.
+fn experiment_defines() -> &'static [(String, String)] {
+    static DEFINES: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    DEFINES.get_or_init(|| {
+        parse_experiment_defines(&std::env::var("QUANTSHADOW_KERNEL_DEFINES").unwrap_or_default())
+    })
+}
+
+fn parse_experiment_defines(text: &str) -> Vec<(String, String)> {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let mut out = Vec::new();
+    for item in text.split_whitespace() {
+        let (name, value) = item.split_once('=').unwrap_or((item, "1"));
+        if ident(name)
+            && !value.is_empty()
+            && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        {
+            out.push((name.to_string(), value.to_string()));
+        } else {
+            tracing::warn!(
+                define = item,
+                "QUANTSHADOW_KERNEL_DEFINES entry ignored (NAME or NAME=VALUE expected)"
+            );
+        }
+    }
+    out
+}
+
 fn default_cache_dir() -> Option<PathBuf> {
     if std::env::var("QUANTSHADOW_CACHE").is_ok_and(|v| v == "off") {
         return None;
@@ -223,7 +259,7 @@ pub fn cache_key(build: &KernelBuild, arch: &str, compiler: &str) -> u64 {
     for o in COMPILE_OPTIONS {
         eat(o.as_bytes());
     }
-    for (k, v) in &build.defines {
+    for (k, v) in build.defines.iter().chain(experiment_defines()) {
         eat(k.as_bytes());
         eat(v.as_bytes());
     }
@@ -250,6 +286,13 @@ mod tests {
         assert_ne!(k(&a, "sm_90", "nvrtc 13.0"), k(&b, "sm_90", "nvrtc 13.0"));
         assert_ne!(k(&a, "sm_90", "nvrtc 13.0"), k(&a, "sm_100", "nvrtc 13.0"));
         assert_ne!(k(&a, "sm_90", "nvrtc 13.0"), k(&a, "sm_90", "nvrtc 13.1"));
+    }
+
+    #[test]
+    fn experiment_defines_accept_identifiers_only() {
+        let got = parse_experiment_defines("QS_SKETCH_TIMING=1 QS_FLAG bad-name=1 X=a;b 9X=1 Y=2.5");
+        let want = [("QS_SKETCH_TIMING", "1"), ("QS_FLAG", "1"), ("Y", "2.5")];
+        assert_eq!(got, want.map(|(k, v)| (k.to_string(), v.to_string())));
     }
 
     #[test]
