@@ -281,9 +281,9 @@ struct QsSketchParams {
     qs_u64 wr_batch_stride; // elements between W_R items; 0 = one W_R for every batch item
     qs_u64 rsum_ptr;
     qs_u64 bproj_ptr;
-    qs_u64 partials_ptr;  // f64[groups][splits][rows_per_group][3][kp]
-    qs_u64 counts_ptr;    // u64[groups][splits][2]
-    qs_u64 group_ptr;     // QsSketchGroup[groups]
+    qs_u64 partials_ptr;  // f64[groups][splits][rows_per_group][3][kp] (A W_R, D R, C R)
+    qs_u64 totals_ptr;    // QsSketchTotals, zero before the first launch, reset by the kernel
+    qs_u64 rowrec_ptr;    // QsSketchRow[groups * rows_per_group]
     qs_u64 counters_ptr;  // u32[groups + 1], zero before the first launch, reset by the kernel
     qs_u64 status_ptr;    // u32 status word, folded into the slot and reset
     qs_u64 row_stats_ptr; // optional f64[count][3] per-row (dot, yy, xx); 0 = not written
@@ -356,12 +356,25 @@ struct QsWorst {
     qs_f64 cosine, dot, prod_sq, ref_sq;
 };
 
-struct QsSketchGroup {
-    QsSums sums;
-    QsWorst worst;
-    qs_u64 elem_nan, elem_inf;
-    qs_f64 y_sum[QS_MAX_PROBES];
+// Whole-check accumulators of one sketch launch, added to atomically by the blocks that finish
+// a group of rows and read (and reset to zero) by the block that finishes the check. Zero
+// before the first launch.
+struct QsSketchTotals {
+    qs_f64 sums[4];          // dot, prod_sq, ref_sq, diff_sq over the finite (y, x) pairs
+    qs_u64 max_abs_err;      // bits of a non-negative f64: integer max orders like the value
+    qs_u64 counts[6];        // finite, pairs, nan_prod, inf_prod, nan_ref, inf_ref
+    qs_u64 elem_nonfinite[2]; // NaN, Inf elements of D in the sampled rows
+    qs_u64 worst;            // ~qs_sketch_rank_key of the worst row; 0 = no row
+    qs_u64 reserved[2];
+    qs_f64 y_sum[QS_MAX_PROBES]; // fingerprints (finite pairs)
     qs_f64 x_sum[QS_MAX_PROBES];
+};
+
+// One sampled row's estimate, written by the block that finishes its group.
+struct QsSketchRow {
+    qs_u64 row;    // global row (batch item * M + i)
+    qs_f64 cosine; // per-row cosine, -inf when the row has a non-finite value (ranking rule)
+    qs_f64 dot, prod_sq, ref_sq;
 };
 
 struct QsComparePartial {
@@ -407,7 +420,8 @@ static_assert(sizeof(QsCompareParams) == 256, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");
 static_assert(sizeof(QsWorst) == 48, "QsWorst");
-static_assert(sizeof(QsSketchGroup) == 664, "QsSketchGroup");
+static_assert(sizeof(QsSketchTotals) == 640, "QsSketchTotals");
+static_assert(sizeof(QsSketchRow) == 40, "QsSketchRow");
 static_assert(sizeof(QsComparePartial) == 200, "QsComparePartial");
 static_assert(sizeof(QsLogitsRow) == 272, "QsLogitsRow");
 #if defined(QS_CHECK_LAYOUT)

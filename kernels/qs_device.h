@@ -321,6 +321,7 @@ QS_DEVICE bool qs_ring_claim(const QsRingDesc& r, qs_u64* ticket) {
     QsRingCtl* ctl = (QsRingCtl*)r.ctl_ptr;
     QsRingHeader* hdr = (QsRingHeader*)r.header_ptr;
     if (!ctl || !hdr || !r.slots_ptr || r.capacity == 0) return false;
+#pragma unroll 1
     for (int attempt = 0; attempt < 1024; ++attempt) {
         qs_u64 head = qs_load_volatile_u64(&ctl->head);
         qs_u64 consumed = qs_load_volatile_u64(&hdr->consumed);
@@ -335,9 +336,27 @@ QS_DEVICE bool qs_ring_claim(const QsRingDesc& r, qs_u64* ticket) {
     return false;
 }
 
-// Writes `slot` (assembled in shared memory by the caller) into the ring. All threads of the
-// block call it. One warp copies the slot to (mapped host) memory and fences at system scope,
-// then its lane 0 stores the ready word: a single warp's fences cost far less than a block's.
+// Writes `slot` (assembled in shared memory by the caller) into the ring under a ticket claimed
+// earlier (`claimed` false: the ring was full, the drop is counted). All threads of the block
+// call it after a barrier that follows the claim. One warp copies the slot to (mapped host)
+// memory and fences at system scope, then its lane 0 stores the ready word: a single warp's
+// fences cost far less than a block's.
+QS_DEVICE void qs_ring_write(const QsRingDesc& r, QsResultSlot* slot, bool claimed, qs_u64 ticket) {
+    if (!claimed || threadIdx.x >= QS_WARP_SIZE) return;
+    QsResultSlot* dst = (QsResultSlot*)r.slots_ptr + (ticket % r.capacity);
+    const qs_u64* src = (const qs_u64*)slot;
+    qs_u64* out = (qs_u64*)dst;
+    if (threadIdx.x == 0) out[1] = ticket;  // the slot's ticket word
+    for (unsigned w = 2 + threadIdx.x; w < sizeof(QsResultSlot) / 8; w += QS_WARP_SIZE) out[w] = src[w];
+    qs_fence_system();
+    QS_SYNCWARP();
+    if (threadIdx.x == 0) {
+        qs_fence_system();
+        qs_store_volatile_u64(&dst->ready, ticket + 1);
+    }
+}
+
+// Claim and write in one (callers with nothing to overlap the claim with).
 QS_DEVICE void qs_ring_publish(const QsRingDesc& r, QsResultSlot* slot) {
     __shared__ qs_u64 qs_ticket;
     __shared__ int qs_claimed;
@@ -345,21 +364,9 @@ QS_DEVICE void qs_ring_publish(const QsRingDesc& r, QsResultSlot* slot) {
         qs_u64 t = 0;
         qs_claimed = qs_ring_claim(r, &t);
         qs_ticket = t;
-        slot->ticket = t;
-        slot->ready = 0;
     }
     __syncthreads();
-    if (!qs_claimed || threadIdx.x >= QS_WARP_SIZE) return;
-    QsResultSlot* dst = (QsResultSlot*)r.slots_ptr + (qs_ticket % r.capacity);
-    const qs_u64* src = (const qs_u64*)slot;
-    qs_u64* out = (qs_u64*)dst;
-    for (unsigned w = 1 + threadIdx.x; w < sizeof(QsResultSlot) / 8; w += QS_WARP_SIZE) out[w] = src[w];
-    qs_fence_system();
-    QS_SYNCWARP();
-    if (threadIdx.x == 0) {
-        qs_fence_system();
-        qs_store_volatile_u64(&dst->ready, qs_ticket + 1);
-    }
+    qs_ring_write(r, slot, qs_claimed != 0, qs_ticket);
 }
 
 // Zeroes a slot in shared memory and fills its common head.

@@ -119,6 +119,24 @@ QS_DEVICE qs_u64 qs_atomic_cas_u64(qs_u64* p, qs_u64 expected, qs_u64 desired) {
     return (qs_u64)atomicCAS((unsigned long long*)p, (unsigned long long)expected, (unsigned long long)desired);
 }
 QS_DEVICE void qs_atomic_or_u32(qs_u32* p, qs_u32 v) { atomicOr((unsigned int*)p, v); }
+// Reductions into global memory whose old value nobody reads. On CUDA a `red.global` keeps
+// the generic-address fallback (a shared-memory CAS loop per call) out of the code.
+#if defined(QS_HIP)
+QS_DEVICE void qs_red_add_f64(double* p, double v) { atomicAdd(p, v); }
+QS_DEVICE void qs_red_add_u64(qs_u64* p, qs_u64 v) { atomicAdd((unsigned long long*)p, (unsigned long long)v); }
+QS_DEVICE void qs_red_max_u64(qs_u64* p, qs_u64 v) { atomicMax((unsigned long long*)p, (unsigned long long)v); }
+#else
+QS_DEVICE void qs_red_add_f64(double* p, double v) { asm volatile("red.global.add.f64 [%0], %1;" ::"l"(p), "d"(v) : "memory"); }
+QS_DEVICE void qs_red_add_u64(qs_u64* p, qs_u64 v) { asm volatile("red.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); }
+QS_DEVICE void qs_red_max_u64(qs_u64* p, qs_u64 v) { asm volatile("red.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); }
+#endif
+
+// Lanes of the warp for which `pred` holds.
+#if defined(QS_HIP)
+QS_DEVICE unsigned qs_warp_count(bool pred) { return (unsigned)__popcll(__ballot(pred)); }
+#else
+QS_DEVICE unsigned qs_warp_count(bool pred) { return (unsigned)__popc(__ballot_sync(0xffffffffu, pred)); }
+#endif
 
 // ---- reductions -----------------------------------------------------------------------------
 QS_DEVICE double qs_warp_sum(double v) {
@@ -129,6 +147,11 @@ QS_DEVICE double qs_warp_sum(double v) {
 QS_DEVICE float qs_warp_sumf(float v) {
 #pragma unroll
     for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) v += QS_SHFL_XOR(v, m);
+    return v;
+}
+QS_DEVICE qs_u32 qs_warp_sumu(qs_u32 v) {
+#pragma unroll
+    for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) v += (qs_u32)QS_SHFL_XOR((int)v, m);
     return v;
 }
 QS_DEVICE qs_u64 qs_warp_sum_u64(qs_u64 v) {

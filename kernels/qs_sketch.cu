@@ -237,18 +237,21 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
 // per sampled row (abi.rs SketchGeometry sizes it and its scratch).
 //
 // Each block projects its rows over one K slice (A W_R) and one N slice (D R and C R) and writes
-// f64 partials. On CUDA sm_80+ the A W_R and D R projections run on tensor cores with the
-// block's 8 rows as the N = 8 side of mma.sync tiles and the warps splitting the slice (see
-// "tensor-core projections" below; D R for bf16, f16 and FP8 D, other D formats take the scalar
-// path). Elsewhere (HIP, older CUDA) a warp projects its row: A W_R with W_R staged through
-// shared memory in software-pipelined chunks, D R with vector loads and sign flips. The last split block of a group (last-block-done, per-group counter) sums the
-// partials in split order, forms y and x, and reduces the group's rows; the last group block
-// (a second counter) merges the groups (strided per thread, warp butterflies, fixed warp order)
-// and writes the ring slot: one launch, no host sync, deterministic for a given grid,
-// graph-replay safe (counters reset by the blocks that finish them).
-// Measured before the tensor-core path (scalar projections, 128 registers, H100): 256 rows of
-// a 4096 x 4096 problem in ~44 us at k = 32, ~5000 instructions per warp, most of them the
-// 4 integer/float operations per element and probe of the D R sign flips.
+// f64 partials. On CUDA sm_80+ the A W_R and D R projections
+// run on tensor cores with the block's 8 rows as the N = 8 side of mma.sync tiles and the warps
+// splitting the slice (see "tensor-core projections" below; D R for bf16, f16 and FP8 D, other
+// D formats take the scalar path). Elsewhere (HIP, older CUDA) a warp projects its row: A W_R
+// with W_R staged through shared memory in software-pipelined chunks, D R with vector loads and
+// sign flips. The last split block of a group (last-block-done, per-group counter) finishes the
+// group's rows (y, x, per-row sums, rank keys) and adds them to the check's totals; the last
+// group's block (a second counter) reads the totals and writes the ring slot: one launch, no
+// host sync, graph-replay safe (counters and totals reset by the blocks that finish them).
+// Per-row values are summed in split order (deterministic); the whole-check totals are atomic
+// adds of the groups, so their last bits depend on group order (~1e-16 relative). Atomics in
+// the projections instead (red.global per row and probe) were measured 2x slower at 256 rows:
+// the L2 atomic units, not the loads, became the limit.
+// Measured (H100): the old two-stage merge of f64 partials took ~20 of ~32 us per check, in
+// its serial, cold-fetched finishing code; see "finishing stages" below.
 // ================================================================================================
 #define QS_WR_CHUNK 128
 
@@ -259,12 +262,16 @@ struct QsRowInfo {
 };
 
 struct QsSketchSmem {
-    QsSums sums[QS_WARPS_PER_BLOCK];
-    QsWorst worst[QS_WARPS_PER_BLOCK];
+    // Finishing stages: per-warp (= per-row) sums, counts and rank keys, the fingerprints of the
+    // group's rows, the check's scalars, and the slot being assembled.
+    double scalar[5];  // alpha, a tensor scale, b tensor scale, beta, d_scale
+    double rowbias[QS_WARPS_PER_BLOCK];  // row-axis bias of each warp's row
+    double rsum[QS_WARPS_PER_BLOCK][5];   // dot, prod_sq, ref_sq, diff_sq, max_abs_err
+    qs_u64 rcnt[QS_WARPS_PER_BLOCK][6];   // finite, pairs, nan_prod, inf_prod, nan_ref, inf_ref
+    qs_u64 rkey[QS_WARPS_PER_BLOCK];      // ~rank key, 0 = no row
     double fy[QS_WARPS_PER_BLOCK][QS_MAX_PROBES];
     double fx[QS_WARPS_PER_BLOCK][QS_MAX_PROBES];
-    qs_u64 nonfinite[QS_WARPS_PER_BLOCK][2];
-    qs_u64 split_counts[QS_MAX_SPLITS][2];
+    qs_u64 totals[sizeof(QsSketchTotals) / 8];
 #if QS_HAVE_MMA
     // Tensor-core path: each warp's f32 projections of the block's rows, [warp][row][probe],
     // summed over the warps in warp order.
@@ -275,7 +282,6 @@ struct QsSketchSmem {
     // lanes reading consecutive rows hit distinct banks).
     float wtile[QS_WR_CHUNK * (QS_MAX_PROBES + 4)];
 #endif
-    QsSketchGroup group;
     QsResultSlot slot;
 };
 
@@ -838,6 +844,229 @@ QS_DEVICE qs_u64 qs_tm_now() {
 #define QS_TM_REPORT(group_done, final_done, claimed) ((void)(group_done + final_done + claimed))
 #endif
 
+// ---- finishing stages ----------------------------------------------------------------------
+// They run once per group (the group's last split block) and once per check (the last group),
+// on one block each, so their instructions come cold from L2 every launch: ncu and stage
+// timestamps on an H100 put ~20 us of a ~32 us check in the old finishing code (6k SASS
+// instructions of struct merges, split loops and inlined format switches). These are written to
+// be short: one batch of loads per 8 splits, one butterfly per row value, and the whole-check
+// totals as atomics of the groups instead of a second merge of group records.
+
+// A scalar of the check, and a row-axis bias value: one out-of-line copy of the run-time
+// format decode each. Arguments by value: a reference into the kernel's parameter space would
+// make every thread copy the whole parameter block to local memory first (ncu on an H100:
+// 49 MB of local stores per 256-row check, twice the check's time).
+__device__ __noinline__ double qs_sketch_scalar(QsScalar s) { return qs_read_scalar(s); }
+
+__device__ __noinline__ double qs_sketch_row_bias(QsBiasDesc b, qs_u64 i, qs_u64 st) { return qs_bias_value(b, i, st); }
+
+// Ranking key of a row: lower cosine first, then lower sample position (compare_matrix's
+// tie rule). The cosine is ranked at f32 resolution (its rounding is monotonic); the slot
+// reports the worst row's f64 values.
+QS_DEVICE qs_u64 qs_sketch_rank_key(double cosine, qs_u64 t) {
+    const qs_u32 b = qs_f32_bits((float)cosine);
+    const qs_u32 ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((qs_u64)ordered << 32) | (t & 0xFFFFFFFFull);
+}
+
+// The group's rows: warp w finishes row w of the group, lane p probe p. Adds the rows' sums,
+// counts, fingerprints and worst row to the check's totals.
+template <int KP>
+QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm, qs_u64 t, qs_u64 row, bool active,
+                                      unsigned lane, unsigned warp) {
+    const QsGemmDesc& g = P.g;
+    const qs_u32 k = P.k;
+    // Everything that calls out of line or branches per lane happens before the barrier, so
+    // the butterflies below run converged (no per-shuffle collective fix-up code).
+    if (warp == 0 && lane < 5) {
+        // 0 alpha, 1 A tensor scale, 2 B tensor scale, 3 beta (only with C), 4 d_scale.
+        const QsScalar sc = lane == 0 ? g.alpha : lane == 1 ? g.a_tensor_scale : lane == 2 ? g.b_tensor_scale
+                                                    : lane == 3 ? g.beta
+                                                                : g.d_scale;
+        sm.scalar[lane] = lane == 3 && !g.c.ptr ? 0.0 : qs_sketch_scalar(sc);
+    }
+    if (lane == 0) {
+        sm.rowbias[warp] = active && g.bias.ptr && g.bias.axis != QS_BIAS_COLS
+                               ? qs_sketch_row_bias(g.bias, row % g.m, P.status_ptr)
+                               : 0.0;
+    }
+    // The row's partials of every split, summed in split order (deterministic): batches of 8
+    // splits with all their loads in flight (16 would spill under the 128-register bound).
+    double xa = 0.0, ya = 0.0, xc = 0.0;
+    const unsigned S = gridDim.y;
+    if (active && lane < k) {
+        const bool has_c = g.c.ptr != 0;
+        const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK + warp) * 3) * KP + lane;
+        const qs_u64 split_stride = (qs_u64)QS_WARPS_PER_BLOCK * 3 * KP;
+        for (unsigned s0 = 0; s0 < S; s0 += 8) {
+            double va[8], vy[8], vc[8];
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                const double* ps = base + (s0 + u) * split_stride;
+                const bool in = s0 + u < S;
+                va[u] = in ? qs_ldcg_f64(ps) : 0.0;
+                vy[u] = in ? qs_ldcg_f64(ps + KP) : 0.0;
+                vc[u] = in && has_c ? qs_ldcg_f64(ps + 2 * KP) : 0.0;
+            }
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                xa += va[u];
+                ya += vy[u];
+                xc += vc[u];
+            }
+        }
+    }
+    __syncthreads();
+    const double alpha = sm.scalar[0] * sm.scalar[1] * sm.scalar[2], beta = sm.scalar[3], dsc = sm.scalar[4];
+    const bool dsc_ok = qs_isfinite(dsc) && dsc != 0.0;
+    if (!dsc_ok && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_SCALAR);
+    const bool use = active && lane < k;
+    const unsigned pl = lane < (unsigned)QS_MAX_PROBES ? lane : 0u;
+    double bias_term = 0.0;
+    if (g.bias.ptr) {
+        bias_term = g.bias.axis == QS_BIAS_COLS ? ((const double*)P.bproj_ptr)[pl]
+                                                : sm.rowbias[warp] * ((const double*)P.rsum_ptr)[pl];
+    }
+    const double xv = alpha * xa + beta * xc + bias_term;
+    const double yv = dsc_ok ? ya / dsc : ya;
+    const double x = use ? xv : 0.0, y = use ? yv : 0.0;
+    QS_SYNCWARP();
+    const bool fin = use && qs_isfinite(y) && qs_isfinite(x);
+    const double d = fin ? y - x : 0.0;
+    double v[5] = {fin ? y * x : 0.0, fin ? y * y : 0.0, fin ? x * x : 0.0, d * d, d < 0.0 ? -d : d};
+#pragma unroll
+    for (int m = QS_WARP_SIZE / 2; m > 0; m >>= 1) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] += QS_SHFL_XOR(v[q], m);
+        v[4] = qs_fmax(v[4], QS_SHFL_XOR(v[4], m));
+    }
+    const unsigned c_fin = qs_warp_count(fin), c_nanp = qs_warp_count(use && qs_isnan(y)),
+                   c_infp = qs_warp_count(use && qs_isinf(y)), c_nanr = qs_warp_count(use && qs_isnan(x)),
+                   c_infr = qs_warp_count(use && qs_isinf(x));
+    if (lane < QS_MAX_PROBES) {
+        sm.fy[warp][lane] = fin ? y : 0.0;
+        sm.fx[warp][lane] = fin ? x : 0.0;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int q = 0; q < 5; ++q) sm.rsum[warp][q] = v[q];
+        sm.rcnt[warp][0] = c_fin;
+        sm.rcnt[warp][1] = active ? k : 0;
+        sm.rcnt[warp][2] = c_nanp;
+        sm.rcnt[warp][3] = c_infp;
+        sm.rcnt[warp][4] = c_nanr;
+        sm.rcnt[warp][5] = c_infr;
+        sm.rkey[warp] = 0;
+        if (active) {
+            const double cosine = c_nanp + c_infp + c_nanr + c_infr > 0 ? -qs_inf() : qs_cosine(v[0], v[1], v[2]);
+            sm.rkey[warp] = ~qs_sketch_rank_key(cosine, t);
+            QsSketchRow* r = (QsSketchRow*)P.rowrec_ptr + t;
+            r->row = row;
+            r->cosine = cosine;
+            r->dot = v[0];
+            r->prod_sq = v[1];
+            r->ref_sq = v[2];
+            if (P.row_stats_ptr) {
+                double* r3 = (double*)P.row_stats_ptr + t * 3;
+                r3[0] = v[0];
+                r3[1] = v[1];
+                r3[2] = v[2];
+            }
+        }
+    }
+    __syncthreads();
+    // One thread per total: the group's eight rows in warp order, then one atomic.
+    QsSketchTotals* tot = (QsSketchTotals*)P.totals_ptr;
+    const unsigned f = threadIdx.x;
+    if (f < 4) {
+        double a = 0.0;
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) a += sm.rsum[w][f];
+        if (a != 0.0) qs_red_add_f64(&tot->sums[f], a);
+    } else if (f == 4) {
+        double a = 0.0;
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) a = qs_fmax(a, sm.rsum[w][4]);
+        if (a != 0.0) qs_red_max_u64(&tot->max_abs_err, qs_f64_bits(a));
+    } else if (f < 11) {
+        qs_u64 a = 0;
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) a += sm.rcnt[w][f - 5];
+        if (a != 0) qs_red_add_u64(&tot->counts[f - 5], a);
+    } else if (f == 11) {
+        qs_u64 a = 0;
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) a = qs_max_u64(a, sm.rkey[w]);
+        if (a != 0) qs_red_max_u64(&tot->worst, a);
+    } else if (f >= 32 && f < 32 + 2 * QS_MAX_PROBES) {
+        const unsigned p = (f - 32) % QS_MAX_PROBES;
+        const bool ys = f < 32 + QS_MAX_PROBES;
+        if (p < k) {
+            double a = 0.0;
+            for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) a += ys ? sm.fy[w][p] : sm.fx[w][p];
+            if (a != 0.0) qs_red_add_f64(ys ? &tot->y_sum[p] : &tot->x_sum[p], a);
+        }
+    }
+}
+
+// The whole check (the last group's block): read and reset the totals, publish the slot.
+QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch) {
+    // The ring claim (a read of host memory and a device CAS) runs on warp 1 while the other
+    // warps read the totals: its round trips overlap theirs.
+    __shared__ qs_u64 ticket;
+    __shared__ int claimed;
+    if (threadIdx.x == QS_WARP_SIZE) {
+        qs_u64 t = 0;
+        claimed = qs_ring_claim(P.ring, &t);
+        ticket = t;
+    }
+    QsResultSlot* slot = &sm.slot;
+    qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);
+    qs_u64* tw = (qs_u64*)P.totals_ptr;
+    for (unsigned w = threadIdx.x; w < sizeof(QsSketchTotals) / 8; w += blockDim.x) {
+        sm.totals[w] = qs_ldcg_u64(tw + w);
+        tw[w] = 0;  // ready for the next launch
+    }
+    __syncthreads();
+    const QsSketchTotals& tot = *(const QsSketchTotals*)sm.totals;
+    const qs_u32 k = P.k;
+    if (threadIdx.x == 0) {
+        slot->dot = tot.sums[0];
+        slot->prod_sq = tot.sums[1];
+        slot->ref_sq = tot.sums[2];
+        slot->diff_sq = tot.sums[3];
+        slot->max_abs_err = qs_f64_from_bits(tot.max_abs_err);
+        slot->finite = tot.counts[0];
+        slot->pairs = tot.counts[1];
+        slot->nan_prod = tot.counts[2];
+        slot->inf_prod = tot.counts[3];
+        slot->nan_ref = tot.counts[4];
+        slot->inf_ref = tot.counts[5];
+        slot->elem_nan_prod = tot.elem_nonfinite[0];
+        slot->elem_inf_prod = tot.elem_nonfinite[1];
+        if (tot.worst != 0) {
+            const qs_u64 wt = (~tot.worst) & 0xFFFFFFFFull;
+            const QsSketchRow* r = (const QsSketchRow*)P.rowrec_ptr + wt;
+            slot->worst_row = qs_ldcg_u64(&r->row);
+            slot->worst_cosine = qs_ldcg_f64(&r->cosine);
+            slot->worst_dot = qs_ldcg_f64(&r->dot);
+            slot->worst_prod_sq = qs_ldcg_f64(&r->prod_sq);
+            slot->worst_ref_sq = qs_ldcg_f64(&r->ref_sq);
+        }
+        slot->epoch = epoch;
+        slot->probes = k;
+        slot->rows_checked = valid ? P.rows.count : 0;
+        qs_u32 status = qs_take_status(P.status_ptr);
+        if (!valid) status |= QS_STATUS_BAD_DESCRIPTOR;
+        if (P.g.activation != QS_ACT_NONE) status |= QS_STATUS_NONLINEAR;
+        if (tot.counts[4] + tot.counts[5] > 0) status |= QS_STATUS_REF_NONFINITE;
+        slot->status = status;
+        qs_rows_advance(P.rows);
+    }
+    if (threadIdx.x < QS_MAX_PROBES) {
+        slot->sketch_prod[threadIdx.x] = threadIdx.x < k ? tot.y_sum[threadIdx.x] : 0.0;
+        slot->sketch_ref[threadIdx.x] = threadIdx.x < k ? tot.x_sum[threadIdx.x] : 0.0;
+    }
+    __syncthreads();
+    qs_ring_write(P.ring, slot, claimed != 0, ticket);
+}
+
 template <int KP>
 QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketchSmem& sm) {
     const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
@@ -850,6 +1079,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     bool active = valid && t < P.rows.count && qs_rows_at(P.rows, epoch, t, &row, st);
     const qs_u64 item = active ? row / g.m : 0, i = active ? row % g.m : 0;
 
+    // This block's partials: this warp's row (scalar paths), the block's rows (tensor cores).
     double* part = (double*)P.partials_ptr + ((((qs_u64)gi * S + si) * QS_WARPS_PER_BLOCK + warp) * 3) * KP;
     float acc[KP];
     qs_u64 nan_d = 0, inf_d = 0;
@@ -998,230 +1228,28 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
                 qs_signed_add<KP>(acc, (float)qs_load_checked_rt(g.c, c0 + j * cs, st), signs[j]);
         }
         qs_warp_store<KP>(part + 2 * KP, acc, lane);
-    } else if (lane < (unsigned)KP) {
-        part[2 * KP + lane] = 0.0;  // no C: nothing to reduce
     }
 
-    nan_d = qs_warp_sum_u64(nan_d);
-    inf_d = qs_warp_sum_u64(inf_d);
-    if (lane == 0) {
-        sm.nonfinite[warp][0] = nan_d;
-        sm.nonfinite[warp][1] = inf_d;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        qs_u64 a = 0, b = 0;
-        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-            a += sm.nonfinite[w][0];
-            b += sm.nonfinite[w][1];
-        }
-        qs_u64* counts = (qs_u64*)P.counts_ptr + ((qs_u64)gi * S + si) * 2;
-        counts[0] = a;
-        counts[1] = b;
+    // Non-finite elements of D: rare, so a block adds them only when it saw some.
+    // 32-bit sums: a warp's count of one slice is far below 2^32, and 64-bit shuffles cost
+    // twice the instructions on the path every block runs.
+    nan_d = qs_warp_sumu((qs_u32)nan_d);
+    inf_d = qs_warp_sumu((qs_u32)inf_d);
+    QsSketchTotals* totals = (QsSketchTotals*)P.totals_ptr;
+    if (lane == 0 && (nan_d | inf_d) != 0) {
+        if (nan_d) qs_red_add_u64(&totals->elem_nonfinite[0], nan_d);
+        if (inf_d) qs_red_add_u64(&totals->elem_nonfinite[1], inf_d);
     }
 
     qs_u32* counters = (qs_u32*)P.counters_ptr;
     QS_TM_PROJ_DONE();
     if (!qs_last_block(&counters[gi], S)) return;
-
-    // ---- group: sum the splits of each row, form y and x, reduce the rows -------------------
-    const double alpha = qs_read_scalar(g.alpha) * qs_read_scalar(g.a_tensor_scale) * qs_read_scalar(g.b_tensor_scale);
-    const double beta = g.c.ptr ? qs_read_scalar(g.beta) : 0.0;
-    const double dsc = qs_read_scalar(g.d_scale);
-    const bool dsc_ok = qs_isfinite(dsc) && dsc != 0.0;
-    if (!dsc_ok && threadIdx.x == 0) qs_flag(st, QS_STATUS_BAD_SCALAR);
-    const qs_u32 k = P.k;
-    QsSums rs;
-    qs_sums_zero(rs);
-    double y = 0.0, x = 0.0;
-    if (active && lane < (unsigned)KP) {
-        double ys = 0.0, xa = 0.0, xc = 0.0;
-        // Batches of 8 splits: 24 independent loads in flight, then the sums in split order
-        // (up to QS_MAX_SPLITS = 64 splits cost 8 round trips, not 64 / unroll).
-        for (unsigned s0 = 0; s0 < S; s0 += 8) {
-            double va[8], vy[8], vc[8];
-#pragma unroll
-            for (unsigned u = 0; u < 8; ++u) {
-                va[u] = vy[u] = vc[u] = 0.0;
-                if (s0 + u < S) {
-                    const double* ps =
-                        (const double*)P.partials_ptr + ((((qs_u64)gi * S + s0 + u) * QS_WARPS_PER_BLOCK + warp) * 3) * KP;
-                    va[u] = qs_ldcg_f64(ps + lane);
-                    vy[u] = qs_ldcg_f64(ps + KP + lane);
-                    vc[u] = qs_ldcg_f64(ps + 2 * KP + lane);
-                }
-            }
-#pragma unroll
-            for (unsigned u = 0; u < 8; ++u) {
-                if (s0 + u < S) {
-                    xa += va[u];
-                    ys += vy[u];
-                    xc += vc[u];
-                }
-            }
-        }
-        double bias_term = 0.0;
-        if (g.bias.ptr) {
-            bias_term = g.bias.axis == QS_BIAS_COLS ? ((const double*)P.bproj_ptr)[lane]
-                                                    : qs_bias_value(g.bias, i, st) * ((const double*)P.rsum_ptr)[lane];
-        }
-        x = alpha * xa + beta * xc + bias_term;
-        y = dsc_ok ? ys / dsc : ys;
-        if (lane < k) qs_sums_add(rs, y, x);
-    }
-    qs_sums_warp_reduce(rs);
-    if (lane < QS_MAX_PROBES) {
-        const bool use = active && lane < k && qs_isfinite(y) && qs_isfinite(x);
-        sm.fy[warp][lane] = use ? y : 0.0;
-        sm.fx[warp][lane] = use ? x : 0.0;
-    }
-    if (lane == 0) {
-        sm.sums[warp] = rs;
-        qs_worst_none(sm.worst[warp]);
-        if (active) {
-            QsWorst w;
-            w.t = t;
-            w.row = row;
-            w.cosine = qs_row_rank_cosine(rs);
-            w.dot = rs.dot;
-            w.prod_sq = rs.prod_sq;
-            w.ref_sq = rs.ref_sq;
-            sm.worst[warp] = w;
-            if (P.row_stats_ptr) {
-                double* r3 = (double*)P.row_stats_ptr + t * 3;
-                r3[0] = rs.dot;
-                r3[1] = rs.prod_sq;
-                r3[2] = rs.ref_sq;
-            }
-        }
-    }
-    // D's non-finite element counts of this group's blocks (one split per thread).
-    const unsigned S_counted = S < QS_MAX_SPLITS ? S : QS_MAX_SPLITS;  // S > max is a flagged launch
-    if (threadIdx.x < S_counted) {
-        const qs_u64* counts = (const qs_u64*)P.counts_ptr + ((qs_u64)gi * S + threadIdx.x) * 2;
-        sm.split_counts[threadIdx.x][0] = qs_ldcg_u64(counts);
-        sm.split_counts[threadIdx.x][1] = qs_ldcg_u64(counts + 1);
-    }
-    __syncthreads();
-    QsSketchGroup* groups = (QsSketchGroup*)P.group_ptr;
-    if (threadIdx.x == 0) {
-        QsSketchGroup& gr = sm.group;
-        qs_sums_zero(gr.sums);
-        qs_worst_none(gr.worst);
-        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-            qs_sums_merge(gr.sums, sm.sums[w]);
-            qs_worst_merge(gr.worst, sm.worst[w]);
-        }
-        gr.elem_nan = gr.elem_inf = 0;
-        for (unsigned s = 0; s < S_counted; ++s) {
-            gr.elem_nan += sm.split_counts[s][0];
-            gr.elem_inf += sm.split_counts[s][1];
-        }
-    }
-    if (threadIdx.x < QS_MAX_PROBES) {
-        double a = 0.0, b = 0.0;
-        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-            a += sm.fy[w][threadIdx.x];
-            b += sm.fx[w][threadIdx.x];
-        }
-        sm.group.y_sum[threadIdx.x] = a;
-        sm.group.x_sum[threadIdx.x] = b;
-    }
-    __syncthreads();
-    {
-        const qs_u64* src = (const qs_u64*)&sm.group;
-        qs_u64* dst = (qs_u64*)&groups[gi];
-        for (unsigned w = threadIdx.x; w < sizeof(QsSketchGroup) / 8; w += blockDim.x) dst[w] = src[w];
-    }
-
+    qs_sketch_finish_group<KP>(P, sm, t, row, active, lane, warp);
     QS_TM_MARK(tm_group);
     if (!qs_last_block(&counters[G], G)) return;
-
-    // ---- the whole check: merge the groups, publish ---------------------------------------------
-    // Thread t merges groups t, t + blockDim, ... in order, then a warp butterfly and a fixed
-    // warp order: deterministic for a given grid, and G records are read in parallel.
-    QsSums tot;
-    QsWorst worst;
-    qs_sums_zero(tot);
-    qs_worst_none(worst);
-    qs_u64 en = 0, ei = 0;
-    for (unsigned gg = threadIdx.x; gg < G; gg += blockDim.x) {
-        QsSums gs;
-        QsWorst gw;
-        qs_ldcg_copy(&gs, &groups[gg].sums);
-        qs_ldcg_copy(&gw, &groups[gg].worst);
-        qs_sums_merge(tot, gs);
-        qs_worst_merge(worst, gw);
-        en += qs_ldcg_u64(&groups[gg].elem_nan);
-        ei += qs_ldcg_u64(&groups[gg].elem_inf);
-    }
-    qs_sums_warp_reduce(tot);
-    qs_worst_warp_reduce(worst);
-    en = qs_warp_sum_u64(en);
-    ei = qs_warp_sum_u64(ei);
-    // Fingerprints: warp w takes groups w, w + W, ...; lane p reads probe p (coalesced).
-    double fy = 0.0, fx = 0.0;
-    if (lane < QS_MAX_PROBES) {
-#pragma unroll 4
-        for (unsigned gg = warp; gg < G; gg += QS_WARPS_PER_BLOCK) {
-            fy += qs_ldcg_f64(&groups[gg].y_sum[lane]);
-            fx += qs_ldcg_f64(&groups[gg].x_sum[lane]);
-        }
-    }
-    __syncthreads();  // sm.sums/worst/fy/fx are reused below
-    if (lane == 0) {
-        sm.sums[warp] = tot;
-        sm.worst[warp] = worst;
-        sm.nonfinite[warp][0] = en;
-        sm.nonfinite[warp][1] = ei;
-    }
-    if (lane < QS_MAX_PROBES) {
-        sm.fy[warp][lane] = fy;
-        sm.fx[warp][lane] = fx;
-    }
-    __syncthreads();
     QS_TM_MARK(tm_final);
-    QsResultSlot* slot = &sm.slot;
-    qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);
-    if (threadIdx.x == 0) {
-        qs_sums_zero(tot);
-        qs_worst_none(worst);
-        en = ei = 0;
-        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-            qs_sums_merge(tot, sm.sums[w]);
-            qs_worst_merge(worst, sm.worst[w]);
-            en += sm.nonfinite[w][0];
-            ei += sm.nonfinite[w][1];
-        }
-        qs_slot_put_sums(slot, tot);
-        qs_slot_put_worst(slot, worst);
-        slot->elem_nan_prod = en;
-        slot->elem_inf_prod = ei;
-        slot->epoch = epoch;
-        slot->probes = k;
-        slot->rows_checked = valid ? P.rows.count : 0;
-    }
-    if (threadIdx.x < QS_MAX_PROBES) {
-        double a = 0.0, b = 0.0;
-        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-            a += sm.fy[w][threadIdx.x];
-            b += sm.fx[w][threadIdx.x];
-        }
-        slot->sketch_prod[threadIdx.x] = threadIdx.x < k ? a : 0.0;
-        slot->sketch_ref[threadIdx.x] = threadIdx.x < k ? b : 0.0;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        qs_u32 status = qs_take_status(st);
-        if (!valid) status |= QS_STATUS_BAD_DESCRIPTOR;
-        if (g.activation != QS_ACT_NONE) status |= QS_STATUS_NONLINEAR;
-        if (tot.nan_ref + tot.inf_ref > 0) status |= QS_STATUS_REF_NONFINITE;
-        slot->status = status;
-        qs_rows_advance(P.rows);
-    }
-    __syncthreads();
+    qs_sketch_finish_check(P, sm, valid, epoch);
     QS_TM_MARK(tm_claim);
-    qs_ring_publish(P.ring, slot);
     QS_TM_REPORT(tm_group, tm_final, tm_claim);
 }
 

@@ -358,9 +358,12 @@ pub struct QsSketchParams {
     pub wr_batch_stride: u64,
     pub rsum_ptr: u64,
     pub bproj_ptr: u64,
+    /// f64[groups][splits][rows_per_group][3][kp]: each block's projections of its rows.
     pub partials_ptr: u64,
-    pub counts_ptr: u64,
-    pub group_ptr: u64,
+    /// QsSketchTotals, zero between launches.
+    pub totals_ptr: u64,
+    /// QsSketchRow[groups * rows_per_group].
+    pub rowrec_ptr: u64,
     pub counters_ptr: u64,
     pub status_ptr: u64,
     pub row_stats_ptr: u64,
@@ -443,15 +446,29 @@ pub struct QsWorst {
     pub ref_sq: f64,
 }
 
+/// qs_abi.h QsSketchTotals: a sketch check's accumulators (atomics of the group finishers).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct QsSketchGroup {
-    pub sums: QsSums,
-    pub worst: QsWorst,
-    pub elem_nan: u64,
-    pub elem_inf: u64,
+pub struct QsSketchTotals {
+    pub sums: [f64; 4],
+    pub max_abs_err: u64,
+    pub counts: [u64; 6],
+    pub elem_nonfinite: [u64; 2],
+    pub worst: u64,
+    pub reserved: [u64; 2],
     pub y_sum: [f64; MAX_PROBES],
     pub x_sum: [f64; MAX_PROBES],
+}
+
+/// qs_abi.h QsSketchRow: one sampled row's estimate.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSketchRow {
+    pub row: u64,
+    pub cosine: f64,
+    pub dot: f64,
+    pub prod_sq: f64,
+    pub ref_sq: f64,
 }
 
 #[repr(C)]
@@ -522,7 +539,8 @@ const _: () = {
     assert!(offset_of!(QsSelftestParams, scale) == 80 && offset_of!(QsSelftestParams, format) == 144);
     assert!(size_of::<QsSums>() == 88);
     assert!(size_of::<QsWorst>() == 48);
-    assert!(size_of::<QsSketchGroup>() == 664);
+    assert!(size_of::<QsSketchTotals>() == 640);
+    assert!(size_of::<QsSketchRow>() == 40);
     assert!(size_of::<QsComparePartial>() == 200);
     assert!(size_of::<QsLogitsRow>() == 272);
     // CUDA's kernel parameter limit (4 KiB before 12.1; HIP's is similar).
@@ -568,7 +586,8 @@ plain_data!(
     QsSelftestParams,
     QsSums,
     QsWorst,
-    QsSketchGroup,
+    QsSketchTotals,
+    QsSketchRow,
     QsComparePartial,
     QsLogitsRow
 );
@@ -1006,21 +1025,28 @@ impl SketchGeometry {
         let kp = padded_probes(k)?;
         let rows_per_group = BLOCK_THREADS / warp_size;
         let groups = rows.max(1).div_ceil(rows_per_group as u64);
-        let want = (SKETCH_BLOCKS_PER_SM * sm_count.max(1) as u64).div_ceil(groups).max(1);
+        // Rounded down: one more split than fits would start a second wave of blocks (measured on
+        // an H100: 256 rows of 4096 x 4096 as 32 x 9 = 288 blocks for 264 resident slots).
+        let want = (SKETCH_BLOCKS_PER_SM * sm_count.max(1) as u64 / groups).max(1);
         let widest = k_dim.max(n_dim);
         let splits = want.min(widest.div_ceil(SKETCH_MIN_SLICE).max(1)).min(MAX_SPLITS as u64);
         let launch = LaunchConfig::new([groups, splits, 1], BLOCK_THREADS)?;
         Ok(SketchGeometry { launch, groups: groups as u32, splits: splits as u32, rows_per_group, kp })
     }
 
+    /// Rows the launch covers (whole groups).
+    pub fn row_slots(&self) -> u64 {
+        self.groups as u64 * self.rows_per_group as u64
+    }
     pub fn partials_bytes(&self) -> u64 {
-        self.groups as u64 * self.splits as u64 * self.rows_per_group as u64 * 3 * self.kp as u64 * 8
+        self.row_slots() * self.splits as u64 * 3 * self.kp as u64 * 8
     }
-    pub fn counts_bytes(&self) -> u64 {
-        self.groups as u64 * self.splits as u64 * 2 * 8
+    /// QsSketchTotals; must be zero before the first launch (the kernel leaves it zero).
+    pub fn totals_bytes(&self) -> u64 {
+        size_of::<QsSketchTotals>() as u64
     }
-    pub fn group_bytes(&self) -> u64 {
-        self.groups as u64 * size_of::<QsSketchGroup>() as u64
+    pub fn row_record_bytes(&self) -> u64 {
+        self.row_slots() * size_of::<QsSketchRow>() as u64
     }
     /// u32 counters; must be zero before the first launch (the kernel leaves them zero).
     pub fn counters_bytes(&self) -> u64 {
@@ -1372,7 +1398,7 @@ mod tests {
         let g = SketchGeometry::new(256, 4096, 4096, 32, 132, 32).unwrap();
         assert_eq!(g.rows_per_group, 8);
         assert_eq!(g.groups, 32);
-        assert!(g.splits >= 1 && (g.groups * g.splits) as u64 >= 132);
+        assert!(g.splits >= 1 && (g.groups * g.splits) as u64 >= 132 && (g.groups * g.splits) as u64 <= 264);
         assert_eq!(g.kp, 32);
         let one = SketchGeometry::new(1, 64, 64, 8, 132, 32).unwrap();
         assert_eq!((one.groups, one.splits), (1, 1));
@@ -1382,8 +1408,10 @@ mod tests {
         // An LM head row: as many splits as the kernel allows.
         let head = SketchGeometry::new(1, 4096, 128_256, 32, 132, 32).unwrap();
         assert_eq!(head.splits, MAX_SPLITS);
-        // 256 rows: ~2 blocks per SM.
-        assert_eq!(g.groups * g.splits, 32 * 9);
+        // 256 rows: at most 2 blocks per SM (one resident wave).
+        assert_eq!(g.groups * g.splits, 32 * 8);
+        let many_groups = SketchGeometry::new(4096, 4096, 4096, 32, 132, 32).unwrap();
+        assert_eq!((many_groups.groups, many_groups.splits), (512, 1));
         assert!(padded_probes(0).is_err() && padded_probes(33).is_err());
         let c = CompareGeometry::new(256, 152_064, true, 132, 32).unwrap();
         assert!(c.block_per_row && c.launch.grid[0] == 256);

@@ -188,8 +188,10 @@ pub struct CompareScratch {
 pub struct SketchScratch {
     pub geometry: SketchGeometry,
     partials: DeviceBuffer,
-    counts: DeviceBuffer,
-    groups: DeviceBuffer,
+    /// The check's totals: zero before the first launch, left zero by every launch (the
+    /// finishing block resets what it reads).
+    totals: DeviceBuffer,
+    row_records: DeviceBuffer,
     counters: DeviceBuffer,
     status: DeviceBuffer,
     pub row_stats: Option<DeviceBuffer>,
@@ -547,8 +549,8 @@ impl GpuChecker {
                 .map_err(abi_err)?;
         Ok(SketchScratch {
             partials: self.alloc(geometry.partials_bytes() as usize)?,
-            counts: self.alloc(geometry.counts_bytes() as usize)?,
-            groups: self.alloc(geometry.group_bytes() as usize)?,
+            totals: self.alloc_zeroed(geometry.totals_bytes() as usize)?,
+            row_records: self.alloc(geometry.row_record_bytes() as usize)?,
             counters: self.alloc_zeroed(geometry.counters_bytes() as usize)?,
             status: self.alloc_zeroed(4)?,
             row_stats: if row_stats { Some(self.alloc(rows as usize * 24)?) } else { None },
@@ -602,8 +604,8 @@ impl GpuChecker {
             rsum_ptr: weight.rsum.ptr,
             bproj_ptr: weight.bproj.ptr,
             partials_ptr: scratch.partials.ptr,
-            counts_ptr: scratch.counts.ptr,
-            group_ptr: scratch.groups.ptr,
+            totals_ptr: scratch.totals.ptr,
+            rowrec_ptr: scratch.row_records.ptr,
             counters_ptr: scratch.counters.ptr,
             status_ptr: scratch.status.ptr,
             row_stats_ptr: scratch.row_stats.as_ref().map_or(0, |b| b.ptr),
