@@ -6,6 +6,7 @@ pub mod bench_gpu;
 pub mod collect;
 pub mod demo;
 pub mod fixture;
+pub mod kernels;
 pub mod report;
 pub mod run;
 pub mod selftest;

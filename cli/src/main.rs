@@ -1,5 +1,5 @@
 use clap::{Parser, Subcommand};
-use quantshadow_cli::{bench, collect, demo, exit, report, run, selftest};
+use quantshadow_cli::{bench, collect, demo, exit, kernels, report, run, selftest};
 use std::process::ExitCode;
 
 /// quantshadow: catch silent numerical bugs in quantized GEMMs inside a running engine.
@@ -18,6 +18,9 @@ enum Command {
     Report(report::Args),
     /// Run a program under the shim and report on it: quantshadow run [OPTIONS] -- CMD ARGS...
     Run(run::Args),
+    /// List the kernels a program launches (observe mode), optionally with spec skeletons:
+    /// quantshadow kernels [--suggest] [--out DIR] -- CMD ARGS... | --from FILE.json
+    Kernels(kernels::Args),
     /// Run the whole pipeline on a built-in example (no GPU needed).
     Demo(demo::Args),
     /// Measure the collector and the report on this machine.
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Collect(a) => collect::main(a),
         Command::Report(a) => report::main(a),
         Command::Run(a) => run::main(a),
+        Command::Kernels(a) => kernels::main(a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Selftest(a) => selftest::main(a),

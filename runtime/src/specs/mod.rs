@@ -10,11 +10,22 @@
 //! - a spec that does not fit its launch returns [`SpecError::Mismatch`]: the interposer calls
 //!   [`SpecSet::disable`] (one log line, counted skip) and never uses that spec again.
 //!
-//! STATUS: interface skeleton. The TOML format, matching and decoding are being implemented.
+//! The format is documented in `docs/kernel-specs.md`; [`format`] holds its serde types,
+//! [`engine`] the load-time checks and the decoder, [`suggest`] the skeletons that
+//! `quantshadow kernels --suggest` prints.
+
+pub mod engine;
+pub mod format;
+pub mod glob;
+pub mod suggest;
+#[cfg(test)]
+mod tests;
 
 use crate::problem::{GemmBuffers, GemmProblem};
+use engine::CompiledSpec;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One kernel launch as the spec engine sees it.
 #[derive(Debug, Clone, Copy)]
@@ -59,9 +70,26 @@ pub enum SpecError {
     Skip(String),
 }
 
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpecError::Mismatch(m) => write!(f, "spec mismatch: {m}"),
+            SpecError::Skip(m) => write!(f, "skip: {m}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    spec: CompiledSpec,
+    disabled: AtomicBool,
+}
+
 /// Every loaded spec, matched by kernel name.
 #[derive(Debug, Default)]
-pub struct SpecSet {}
+pub struct SpecSet {
+    entries: Vec<Entry>,
+}
 
 impl SpecSet {
     /// Specs from `QUANTSHADOW_SPECS` (files or directories, `:`-separated); problems with
@@ -73,26 +101,129 @@ impl SpecSet {
         }
     }
 
-    pub fn load(_paths: &[PathBuf]) -> (SpecSet, Vec<String>) {
-        (SpecSet::default(), vec!["kernel specs are not implemented yet".to_string()])
+    /// Loads spec files; a directory contributes its `*.toml` files (not its subdirectories),
+    /// in name order. A file with any error is left out as a whole, with one warning naming
+    /// the file and the problem. Earlier specs win when several patterns match a name.
+    pub fn load(paths: &[PathBuf]) -> (SpecSet, Vec<String>) {
+        let mut set = SpecSet::default();
+        let mut warnings = Vec::new();
+        for path in paths {
+            if path.as_os_str().is_empty() {
+                continue;
+            }
+            if path.is_dir() {
+                let mut files: Vec<PathBuf> = match std::fs::read_dir(path) {
+                    Ok(rd) => rd
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "toml"))
+                        .collect(),
+                    Err(e) => {
+                        warnings.push(format!("kernel specs: {}: {e}", path.display()));
+                        continue;
+                    }
+                };
+                files.sort();
+                if files.is_empty() {
+                    warnings.push(format!("kernel specs: {}: no *.toml files", path.display()));
+                }
+                for f in files {
+                    set.load_file(&f, &mut warnings);
+                }
+            } else {
+                set.load_file(path, &mut warnings);
+            }
+        }
+        (set, warnings)
+    }
+
+    fn load_file(&mut self, path: &Path, warnings: &mut Vec<String>) {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                warnings.push(format!("kernel specs: {}: {e}", path.display()));
+                return;
+            }
+        };
+        if let Err(e) = self.add_str(&text, &path.display().to_string()) {
+            warnings.push(format!("kernel specs: {e} (file left out)"));
+        }
+    }
+
+    /// Adds the specs of one file's text; `origin` names it in messages. All or nothing.
+    pub fn add_str(&mut self, text: &str, origin: &str) -> Result<usize, String> {
+        let file: format::SpecFile = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+        if file.kernel.is_empty() {
+            return Err(format!("{origin}: no [[kernel]] entries"));
+        }
+        let mut compiled = Vec::with_capacity(file.kernel.len());
+        for def in file.kernel {
+            compiled.push(CompiledSpec::compile(def, origin).map_err(|e| format!("{origin}: {e}"))?);
+        }
+        let n = compiled.len();
+        self.entries
+            .extend(compiled.into_iter().map(|spec| Entry { spec, disabled: AtomicBool::new(false) }));
+        Ok(n)
+    }
+
+    /// Parses one file's text into a new set (tests, the CLI).
+    pub fn parse_str(text: &str, origin: &str) -> Result<SpecSet, String> {
+        let mut set = SpecSet::default();
+        set.add_str(text, origin)?;
+        Ok(set)
     }
 
     pub fn is_empty(&self) -> bool {
-        true
+        self.entries.is_empty()
     }
 
-    /// The first enabled spec whose name pattern matches `kernel_name`.
-    pub fn find(&self, _kernel_name: &str) -> Option<SpecId> {
-        None
+    pub fn len(&self) -> usize {
+        self.entries.len()
     }
 
-    pub fn decode(&self, _id: SpecId, _launch: &LaunchView) -> Result<DecodedLaunch, SpecError> {
-        Err(SpecError::Skip("kernel specs are not implemented yet".to_string()))
+    /// The first enabled spec whose name pattern matches `kernel_name`. A linear scan of
+    /// allocation-free glob matches: meant to run once per function handle (callers cache).
+    pub fn find(&self, kernel_name: &str) -> Option<SpecId> {
+        self.entries
+            .iter()
+            .position(|e| !e.disabled.load(Ordering::Relaxed) && e.spec.glob.matches(kernel_name))
+            .map(|i| SpecId(i as u32))
     }
 
-    /// Disables a spec after a mismatch; returns the log line to print once.
-    pub fn disable(&self, _id: SpecId, reason: &str) -> String {
-        reason.to_string()
+    /// "file [pattern]" of a spec, for logs and the kernel listing.
+    pub fn label(&self, id: SpecId) -> Option<String> {
+        self.entries.get(id.0 as usize).map(|e| format!("{} [{}]", e.spec.origin, e.spec.def.name))
+    }
+
+    pub fn is_disabled(&self, id: SpecId) -> bool {
+        self.entries.get(id.0 as usize).is_none_or(|e| e.disabled.load(Ordering::Relaxed))
+    }
+
+    /// Reads a launch through spec `id`. Reads only bytes inside the launch's slices; a
+    /// disabled or unknown spec is a skip.
+    pub fn decode(&self, id: SpecId, launch: &LaunchView) -> Result<DecodedLaunch, SpecError> {
+        let Some(e) = self.entries.get(id.0 as usize) else {
+            return Err(SpecError::Skip(format!("no spec {}", id.0)));
+        };
+        if e.disabled.load(Ordering::Relaxed) {
+            return Err(SpecError::Skip(format!("spec {} [{}] is disabled", e.spec.origin, e.spec.def.name)));
+        }
+        e.spec.decode(launch)
+    }
+
+    /// Disables a spec after a mismatch; returns the log line to print once. Thread-safe and
+    /// idempotent: only the call that actually disabled it gets a line without
+    /// "(already disabled)", so racing callers can print only the first.
+    pub fn disable(&self, id: SpecId, reason: &str) -> String {
+        let Some(e) = self.entries.get(id.0 as usize) else {
+            return format!("quantshadow: no kernel spec {}: {reason}", id.0);
+        };
+        let was = e.disabled.swap(true, Ordering::AcqRel);
+        format!(
+            "quantshadow: kernel spec {} [{}] disabled{}: {reason}",
+            e.spec.origin,
+            e.spec.def.name,
+            if was { " (already disabled)" } else { "" }
+        )
     }
 }
 
@@ -119,4 +250,20 @@ pub struct KernelStat {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KernelListing {
     pub kernels: Vec<KernelStat>,
+}
+
+impl KernelListing {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|_| "{\"kernels\":[]}".into())
+    }
+
+    pub fn from_json(text: &str) -> Result<KernelListing, String> {
+        serde_json::from_str(text).map_err(|e| {
+            if e.is_eof() {
+                format!("truncated kernel listing ({e})")
+            } else {
+                format!("malformed kernel listing: {e}")
+            }
+        })
+    }
 }
