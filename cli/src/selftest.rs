@@ -697,7 +697,7 @@ fn gpu_compare_logits(checker: &GpuChecker) -> Vec<Outcome> {
     let reference: Vec<f64> = (0..m * n)
         .map(|t| {
             let g = quantshadow_runtime::rng::unit_f64(rng.next_u64()) * 2.0 - 1.0;
-            if hash3(7, t / n, t % n) % 997 == 0 {
+            if hash3(7, t / n, t % n).is_multiple_of(997) {
                 8.0 + 4.0 * g
             } else {
                 2.0 * g

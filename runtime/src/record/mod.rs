@@ -244,6 +244,9 @@ pub struct ClosingRecord {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+// Observations are the common record and the largest; boxing them would add an allocation
+// per record on the shim's hot path for no gain.
+#[allow(clippy::large_enum_variant)]
 pub enum Record {
     Session(SessionRecord),
     Observation(GemmObservation),
