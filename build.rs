@@ -46,7 +46,13 @@ fn main() {
     for path in CORE_SOURCES.iter().chain(CORE_HEADERS).chain(VENDOR_SOURCES).chain(APP_SOURCES) {
         println!("cargo:rerun-if-changed={path}");
     }
-    for path in HOST_SOURCES.iter().chain(VENDOR_HEADERS).chain(LAUNCH_SOURCES).chain(LAUNCH_APP_SOURCES).chain(LAUNCH_HEADERS) {
+    for path in HOST_SOURCES
+        .iter()
+        .chain(VENDOR_HEADERS)
+        .chain(LAUNCH_SOURCES)
+        .chain(LAUNCH_APP_SOURCES)
+        .chain(LAUNCH_HEADERS)
+    {
         println!("cargo:rerun-if-changed={path}");
     }
 

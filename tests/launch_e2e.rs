@@ -210,7 +210,8 @@ fn checked_run(dir: &Path, scenario: &str, env: &[(&str, &str)]) -> (Output, Vec
     let run = dir.join("run.qsr");
     let collector = Collector::start(&Address::Unix(sock.clone()), &run).unwrap();
     let address = format!("unix:{}", sock.display());
-    let mut all: Vec<(&str, &str)> = vec![("QUANTSHADOW_COLLECTOR", &address), ("QUANTSHADOW_DEVICE", "host")];
+    let mut all: Vec<(&str, &str)> =
+        vec![("QUANTSHADOW_COLLECTOR", &address), ("QUANTSHADOW_DEVICE", "host")];
     all.extend_from_slice(env);
     let out = app(scenario, &all, true);
     collector.shutdown();
@@ -276,7 +277,12 @@ fn specced_launches_are_checked_and_pass() {
         assert!(name.starts_with("qs_fixture_"), "sites are named after the kernel: {name:?}");
     }
     let r = report_of(dir.path());
-    assert_eq!(r.verdict, Verdict::Pass, "{}", std::fs::read_to_string(dir.path().join("report.md")).unwrap());
+    assert_eq!(
+        r.verdict,
+        Verdict::Pass,
+        "{}",
+        std::fs::read_to_string(dir.path().join("report.md")).unwrap()
+    );
     let l = listing(&listing_path);
     for k in &l.kernels {
         assert_eq!(k.spec.is_some(), k.name != "qs_fixture_elementwise", "{k:?}");

@@ -17,7 +17,7 @@
 //! The real `dlsym` is `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`; nothing here allocates
 //! or takes a lock before a hooked name is seen, and nothing panics across the ABI.
 
-use super::{REAL_SLOTS, HOOK_NAMES};
+use super::{HOOK_NAMES, REAL_SLOTS};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -63,10 +63,7 @@ struct DlsymGuard;
 
 impl DlsymGuard {
     fn enter() -> Option<DlsymGuard> {
-        IN_DLSYM
-            .try_with(|g| if g.replace(true) { None } else { Some(DlsymGuard) })
-            .ok()
-            .flatten()
+        IN_DLSYM.try_with(|g| if g.replace(true) { None } else { Some(DlsymGuard) }).ok().flatten()
     }
 }
 
@@ -117,7 +114,11 @@ pub unsafe extern "C" fn route(name: *const c_char, caller: *const c_void) -> us
 ///
 /// # Safety
 /// Called by the trampoline with the caller's `dlsym` arguments and return address.
-pub unsafe extern "C" fn hooked(handle: *mut c_void, name: *const c_char, caller: *const c_void) -> *mut c_void {
+pub unsafe extern "C" fn hooked(
+    handle: *mut c_void,
+    name: *const c_char,
+    caller: *const c_void,
+) -> *mut c_void {
     let Some(real) = real_dlsym() else {
         return std::ptr::null_mut();
     };
@@ -131,7 +132,12 @@ pub unsafe extern "C" fn hooked(handle: *mut c_void, name: *const c_char, caller
     }
 }
 
-unsafe fn lookup(real: DlsymFn, handle: *mut c_void, name: *const c_char, caller: *const c_void) -> *mut c_void {
+unsafe fn lookup(
+    real: DlsymFn,
+    handle: *mut c_void,
+    name: *const c_char,
+    caller: *const c_void,
+) -> *mut c_void {
     // SAFETY: `route` checked that name is a non-null C string.
     let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
     let p = if handle == libc::RTLD_NEXT {
@@ -244,8 +250,11 @@ fn loaded_ranges() -> Vec<Loaded> {
                     end = end.max(s + ph.p_memsz as usize);
                 }
             }
-            let path =
-                if info.dlpi_name.is_null() { CString::default() } else { CStr::from_ptr(info.dlpi_name).to_owned() };
+            let path = if info.dlpi_name.is_null() {
+                CString::default()
+            } else {
+                CStr::from_ptr(info.dlpi_name).to_owned()
+            };
             if start < end {
                 out.push(Loaded { path, start, end });
             }

@@ -267,7 +267,11 @@ pub fn hip_ext_module_launch_kernel(a: &hook::hipExtModuleLaunchKernel::Args, re
             entry: hook::hipExtModuleLaunchKernel::NAME,
             api: Api::HipModule,
             handle: a.f as usize,
-            grid: [blocks(a.global_x, a.local_x), blocks(a.global_y, a.local_y), blocks(a.global_z, a.local_z)],
+            grid: [
+                blocks(a.global_x, a.local_x),
+                blocks(a.global_y, a.local_y),
+                blocks(a.global_z, a.local_z),
+            ],
             block: [a.local_x, a.local_y, a.local_z],
             stream: a.stream as u64,
             params: a.params,
@@ -303,9 +307,22 @@ unsafe fn rewrite_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
     }
     // SAFETY: see the caller.
     let (name, p) = unsafe { (CStr::from_ptr(symbol).to_bytes(), *pfn) };
-    if let Some(w) = dlsym::hook_index(name).and_then(|i| dlsym::wrap(i, p, true)) {
+    let Some(i) = dlsym::hook_index(name) else {
+        return;
+    };
+    match dlsym::wrap(i, p, true) {
         // SAFETY: the caller's out-pointer, which the driver just wrote.
-        unsafe { *pfn = w };
+        Some(w) => unsafe { *pfn = w },
+        None if !p.is_null() && !dlsym::own_object().contains(p as usize) => {
+            // Calls through this pointer are not seen: say so where someone is looking (a
+            // driver that answers with a function other than its export of that name).
+            state();
+            log::debug(&format!(
+                "cuGetProcAddress({}) returned {p:?}, which no export forwards to: left unwrapped",
+                String::from_utf8_lossy(name)
+            ));
+        }
+        None => {}
     }
 }
 
@@ -334,6 +351,8 @@ impl LaunchState {
             .and_then(|m| crate::engine::config::Mode::parse(&m))
             .is_some_and(|m| m == crate::engine::config::Mode::Off);
         let pid = std::process::id();
+        // The engine sets the level when it starts; launches and lookups may come long before.
+        log::set_level(crate::engine::config::Config::from_env().log);
         if off {
             return LaunchState { specs: SpecSet::default(), listing: None, active: false, pid };
         }
@@ -585,7 +604,10 @@ fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
             HIP_KERNEL_NAME_REF_BY_PTR.get().and_then(|get| {
                 // SAFETY: the slot holds hipKernelNameRefByPtr; handle is the host stub.
                 c_name(unsafe {
-                    std::mem::transmute::<*mut c_void, HipKernelNameRefByPtr>(get)(handle, l.stream as *mut c_void)
+                    std::mem::transmute::<*mut c_void, HipKernelNameRefByPtr>(get)(
+                        handle,
+                        l.stream as *mut c_void,
+                    )
                 })
             }),
             None,
@@ -788,7 +810,8 @@ mod tests {
             extra: extra.as_mut_ptr(),
         };
         assert_eq!(l.packed().map(|(_, n)| n), Some(176));
-        extra[4] = HIP_LAUNCH_PARAM_END as *mut c_void;
+        // SAFETY: l.extra points into `extra`, 5 entries.
+        unsafe { *l.extra.add(4) = HIP_LAUNCH_PARAM_END as *mut c_void };
         l.api = Api::HipModule;
         assert_eq!(l.packed().map(|(_, n)| n), Some(176));
         l.extra = std::ptr::null_mut();
