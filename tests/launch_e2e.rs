@@ -160,6 +160,33 @@ fn results_are_unchanged_and_the_listing_counts_every_launch() {
 }
 
 #[test]
+fn hip_launches_are_interposed_named_and_listed() {
+    let plain = app("hip", &[], false);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.json");
+    let out = app("hip", &[("QUANTSHADOW_KERNELS_OUT", path.to_str().unwrap())], true);
+    let (p, s) = (lines(&plain), lines(&out));
+    for key in ["dlsym hipModuleLaunchKernel", "dlsym hipExtModuleLaunchKernel"] {
+        assert_eq!(value(&p, key), "libfixture_launch.so");
+        assert_eq!(value(&s, key), "libquantshadow.so", "{key}");
+    }
+    let results = |l: &[(String, String)]| {
+        l.iter().filter(|(k, _)| !k.starts_with("dlsym")).cloned().collect::<Vec<_>>()
+    };
+    assert_eq!(results(&s), results(&p), "results changed under the shim");
+    let l = listing(&path);
+    assert_eq!(l.kernels.len(), 2, "{l:?}");
+    // Named through hipKernelNameRef; HIP reports no parameter sizes.
+    let packed = kernel(&l, "qs_fixture_a8w8_packed");
+    assert_eq!(packed.entry, "hipModuleLaunchKernel");
+    assert_eq!((packed.calls, packed.packed_bytes, packed.param_sizes.clone()), (2, Some(176), None));
+    // hipExtModuleLaunchKernel takes work-items: 128 global / 64 local = a grid of 2.
+    let ew = kernel(&l, "qs_fixture_elementwise");
+    assert_eq!(ew.entry, "hipExtModuleLaunchKernel");
+    assert_eq!((ew.calls, ew.grid, ew.block), (3, [2, 1, 1], [64, 1, 1]));
+}
+
+#[test]
 fn many_launches_are_counted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k.json");
