@@ -11,8 +11,9 @@
 //!   lookup behaves exactly as without us, other interposers' `dlsym(RTLD_NEXT, ...)` included;
 //! - a hooked name: [`hooked`] looks the name up for the caller (for `RTLD_NEXT`: the first
 //!   object loaded after the caller's that itself defines the name, found with
-//!   `dl_iterate_phdr` + `dlopen(path, RTLD_NOLOAD)` + the real `dlsym`), and when the address
-//!   found is the function our export forwards to (see [`wrap`]) returns our export instead.
+//!   `dl_iterate_phdr` + `dlopen(path, RTLD_NOLOAD)` + the real `dlsym`, returned as found),
+//!   and for a real handle or `RTLD_DEFAULT`, when the address found is the function our
+//!   export forwards to (see [`wrap`]), returns our export instead.
 //!
 //! The real `dlsym` is `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`; nothing here allocates
 //! or takes a lock before a hooked name is seen, and nothing panics across the ABI.
@@ -141,8 +142,11 @@ unsafe fn lookup(
     // SAFETY: `route` checked that name is a non-null C string.
     let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
     let p = if handle == libc::RTLD_NEXT {
+        // Returned as found, never wrapped: RTLD_NEXT is how another interposer finds the
+        // function behind its own wrapper, and handing it ours would close a loop (our real
+        // slot may well hold that interposer's function).
         // SAFETY: see next_after.
-        unsafe { next_after(real, caller, name) }
+        return unsafe { next_after(real, caller, name) };
     } else {
         // SAFETY: the caller's own handle and name. RTLD_DEFAULT searched from our object sees
         // the global scope, where our preloaded export comes first, exactly as for the caller.
