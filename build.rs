@@ -114,7 +114,13 @@ fn main() {
     build = c_build(LAUNCH_APP_SOURCES, &warnings);
     let launch_app_objects = build.compile_intermediates();
     let launch_app = out_dir.join(LAUNCH_PROGRAM);
-    link(&build, &launch_app_objects, &launch_app, &["-Wl,-rpath,$ORIGIN".to_string()], &["-ldl"]);
+    link(
+        &build,
+        &launch_app_objects,
+        &launch_app,
+        &["-Wl,-rpath,$ORIGIN".to_string()],
+        &["-ldl", "-lpthread"],
+    );
     println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_LAUNCH_APP={}", launch_app.display());
 }
 

@@ -197,6 +197,18 @@ fn many_launches_are_counted() {
 }
 
 #[test]
+fn concurrent_first_launches_share_one_entry_per_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.json");
+    let out = app("threads", &[("QUANTSHADOW_KERNELS_OUT", path.to_str().unwrap())], true);
+    assert_eq!(stdout(&out), "threads: ok\n");
+    let l = listing(&path);
+    assert_eq!(l.kernels.len(), 2, "{l:?}");
+    assert_eq!(kernel(&l, "qs_fixture_elementwise").calls, 800);
+    assert_eq!(kernel(&l, "qs_fixture_gemm_bf16").calls, 200);
+}
+
+#[test]
 fn unspecced_launches_start_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("never.qsr");
