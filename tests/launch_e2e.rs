@@ -113,6 +113,13 @@ fn dlsym_hands_out_wrappers_for_hooked_names_only() {
     // The wrappers forward to the function that was asked for: the per-thread lookup still
     // reaches cuLaunchKernel_ptsz (once), and the results are the same.
     assert_eq!(value(&shim, "per-thread launches"), "1");
+    // Lookups in a constructor, under the loader's lock: RTLD_DEFAULT sees the global scope
+    // first, where our preloaded export is (glibc's own answer); RTLD_NEXT finds nothing after
+    // the library, with or without us.
+    assert_eq!(value(&plain, "constructor default cuLaunchKernel"), fixture);
+    assert_eq!(value(&shim, "constructor default cuLaunchKernel"), ours);
+    assert_eq!(value(&plain, "constructor next cuLaunchKernel"), "NULL");
+    assert_eq!(value(&shim, "constructor next cuLaunchKernel"), "NULL");
     for key in ["elementwise 0", "elementwise 1", "elementwise 2"] {
         assert_eq!(value(&shim, key), value(&plain, key), "{key}");
     }
