@@ -12,7 +12,11 @@ drift), and prints a markdown table of median iterations/s and the overhead agai
 - observe+listing:  the same with QUANTSHADOW_KERNELS_OUT (a per-kernel table lookup and
                     counters on every launch).
 Target: observe within 1% of plain. Each child also prints a checksum of its outputs, which
-must be identical in every configuration. The shim is found with --shim, $QUANTSHADOW_SHIM,
+must be identical in every configuration. When Triton is importable, each child also launches a
+small Triton kernel a few times outside the timed loops: Triton resolves cuLaunchKernelEx with
+dlopen + dlsym(handle), so the listing must show it under that entry (the dlsym hook on a real
+driver), with the parameter sizes cuFuncGetParamInfo reports; the PyTorch kernels appear under
+cudaLaunchKernel (named through cudaGetFuncBySymbol + cuFuncGetName). The shim is found with --shim, $QUANTSHADOW_SHIM,
 .gpu/main/libquantshadow.so or target/release/libquantshadow.so.
 """
 import argparse
@@ -64,6 +68,27 @@ def child():
             rates.append(iters / (time.perf_counter() - t0))
         return statistics.median(rates)
 
+    triton_sum = "-"
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def qs_triton_axpy(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, 2.0 * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+                     mask=mask)
+
+        tx, ty = x0.flatten(), torch.ones_like(x0).flatten()
+        tout = torch.empty_like(tx)
+        for _ in range(5):
+            qs_triton_axpy[(triton.cdiv(tx.numel(), 1024),)](tx, ty, tout, tx.numel(), BLOCK=1024)
+        torch.cuda.synchronize()
+        triton_sum = hashlib.sha256(tout.cpu().numpy().tobytes()).hexdigest()[:16]
+    except ImportError:
+        pass
+
     eager = timed(run_eager, 300)
     checksum = hashlib.sha256(run_eager(50).cpu().numpy().tobytes()).hexdigest()[:16]
 
@@ -88,7 +113,8 @@ def child():
     g.replay()
     torch.cuda.synchronize()
     graph_sum = hashlib.sha256(static_out.cpu().numpy().tobytes()).hexdigest()[:16]
-    print(json.dumps({"eager_it_s": eager, "graph_it_s": graph, "checksum": checksum, "graph_checksum": graph_sum}))
+    print(json.dumps({"eager_it_s": eager, "graph_it_s": graph, "checksum": checksum + "/" + triton_sum,
+                      "graph_checksum": graph_sum}))
 
 
 def find_shim(explicit):
@@ -133,8 +159,18 @@ def parent(args):
     if listings:
         with open(os.path.join(tmp, listings[0])) as fh:
             kernels = json.load(fh)["kernels"]
-        print(f"kernel listing: {len(kernels)} kernels, {sum(k['calls'] for k in kernels)} launches "
-              f"(first: {kernels[0]['name'][:60] if kernels else '-'}, {kernels[0]['entry'] if kernels else ''})")
+        print(f"kernel listing: {len(kernels)} kernels, {sum(k['calls'] for k in kernels)} launches")
+        print()
+        print("| entry | kernels | launches | named | with parameter sizes |")
+        print("|---|---:|---:|---:|---:|")
+        for entry in sorted({k["entry"] for k in kernels}):
+            ks = [k for k in kernels if k["entry"] == entry]
+            print(f"| {entry} | {len(ks)} | {sum(k['calls'] for k in ks)} | "
+                  f"{sum(not k['name'].startswith('(') for k in ks)} | {sum(k['param_sizes'] is not None for k in ks)} |")
+        print()
+        for k in kernels[:5] + [k for k in kernels if "qs_triton" in k["name"]]:
+            print(f"- `{k['name'][:90]}` via {k['entry']}: {k['calls']} calls, grid {k['grid']}, block {k['block']}, "
+                  f"params {k['param_sizes']}")
     else:
         print("kernel listing: NOT WRITTEN")
 
