@@ -358,6 +358,15 @@ mod tests {
     }
 
     #[test]
+    fn only_the_proc_address_hooks_are_lookups() {
+        use crate::intercept::hook;
+        assert!(hook::cuGetProcAddress::LOOKUP && hook::cuGetProcAddress_v2::LOOKUP);
+        assert!(
+            !hook::cuLaunchKernel::LOOKUP && !hook::cublasLtMatmul::LOOKUP && !hook::hipLaunchKernel::LOOKUP
+        );
+    }
+
+    #[test]
     fn route_forwards_unhooked_names_and_own_calls() {
         let real = real_dlsym().unwrap() as usize;
         // SAFETY: valid C strings; a return address inside this object.

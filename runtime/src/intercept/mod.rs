@@ -266,6 +266,8 @@ macro_rules! define_hook_modules {
                     }
                 }
                 pub const NAME: &str = stringify!($sym);
+                /// An entry-point lookup (runs its body even when nested; see `guarded_lookup`).
+                pub const LOOKUP: bool = crate::intercept::is_lookup(NAME);
                 /// Returned when the real symbol cannot be found.
                 pub const MISSING_STATUS: i32 = $status;
                 pub static REAL: crate::intercept::RealSlot =
@@ -289,7 +291,7 @@ macro_rules! define_hook_modules {
                         None => MISSING_STATUS,
                     };
                     let body = |call: &crate::intercept::RealCall| crate::intercept::$($handler)::+(&args, call);
-                    if crate::intercept::is_lookup(NAME) {
+                    if LOOKUP {
                         crate::intercept::guarded_lookup(body, &real)
                     } else {
                         crate::intercept::guarded(body, &real)
