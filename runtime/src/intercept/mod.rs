@@ -8,6 +8,10 @@
 //! - no panic leaves `enter`: a panic becomes a counted internal error and a passthrough, and
 //!   the real function is called exactly once either way;
 //! - a real symbol that cannot be found returns the vendor's error status (never a null call).
+//!
+//! The entry-point lookups (`cuGetProcAddress*`) run their body even when nested (see
+//! [`guarded_lookup`]); `dlsym` is not a hook of the list but a trampoline in the shim (see
+//! [`dlsym`]). Both hand out our exports for hooked names (`launch` for the kernel launches).
 
 use std::cell::Cell;
 use std::ffi::{c_void, CStr};
