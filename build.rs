@@ -8,6 +8,9 @@
 //!   `QUANTSHADOW_FIXTURE_APP`) and the executable `fixture_host` that dlopens the app
 //!   RTLD_LOCAL like a Python extension module (`QUANTSHADOW_FIXTURE_HOST`). All four sit in
 //!   OUT_DIR and find each other through RUNPATH $ORIGIN.
+//! - `libfixture_launch.so`, a fake CUDA driver whose kernels run on the host
+//!   (`QUANTSHADOW_FIXTURE_LAUNCH`), and `fixture_launch_app`, which dlopens it RTLD_LOCAL and
+//!   resolves everything with dlsym(handle) (`QUANTSHADOW_FIXTURE_LAUNCH_APP`).
 //!
 //! The C code is built with warnings as errors so a C mistake fails CI instead of scrolling by.
 
@@ -29,6 +32,11 @@ const VENDOR_HEADERS: &[&str] = &["tests/fixtures/fixture_vendor.h"];
 const VENDOR_LIBRARY: &str = "libfixture_vendor.so";
 const APP_LIBRARY: &str = "libfixture_app.so";
 const HOST_PROGRAM: &str = "fixture_host";
+const LAUNCH_SOURCES: &[&str] = &["tests/fixtures/fixture_launch.c"];
+const LAUNCH_APP_SOURCES: &[&str] = &["tests/fixtures/fixture_launch_app.c"];
+const LAUNCH_HEADERS: &[&str] = &["tests/fixtures/fixture_launch.h"];
+const LAUNCH_LIBRARY: &str = "libfixture_launch.so";
+const LAUNCH_PROGRAM: &str = "fixture_launch_app";
 /// Warnings added when the compiler knows them.
 const OPTIONAL_WARNINGS: &[&str] =
     &["-Wpedantic", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Wcast-qual"];
@@ -38,7 +46,13 @@ fn main() {
     for path in CORE_SOURCES.iter().chain(CORE_HEADERS).chain(VENDOR_SOURCES).chain(APP_SOURCES) {
         println!("cargo:rerun-if-changed={path}");
     }
-    for path in HOST_SOURCES.iter().chain(VENDOR_HEADERS) {
+    for path in HOST_SOURCES
+        .iter()
+        .chain(VENDOR_HEADERS)
+        .chain(LAUNCH_SOURCES)
+        .chain(LAUNCH_APP_SOURCES)
+        .chain(LAUNCH_HEADERS)
+    {
         println!("cargo:rerun-if-changed={path}");
     }
 
@@ -61,7 +75,7 @@ fn main() {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
         // The shared libraries are LD_PRELOAD test vehicles: Linux only. Empty = not built.
         println!("cargo:warning=the fixture shared libraries are only built for Linux targets");
-        for var in ["BLAS", "VENDOR", "APP", "HOST"] {
+        for var in ["BLAS", "VENDOR", "APP", "HOST", "LAUNCH", "LAUNCH_APP"] {
             println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_{var}=");
         }
         return;
@@ -90,6 +104,24 @@ fn main() {
     let host = out_dir.join(HOST_PROGRAM);
     link(&build, &host_objects, &host, &["-Wl,-rpath,$ORIGIN".to_string()], &["-ldl"]);
     println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_HOST={}", host.display());
+
+    build = c_build(LAUNCH_SOURCES, &warnings);
+    let launch_objects = build.compile_intermediates();
+    let launch = out_dir.join(LAUNCH_LIBRARY);
+    link(&build, &launch_objects, &launch, &shared_args(LAUNCH_LIBRARY), &["-lm", "-ldl"]);
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_LAUNCH={}", launch.display());
+
+    build = c_build(LAUNCH_APP_SOURCES, &warnings);
+    let launch_app_objects = build.compile_intermediates();
+    let launch_app = out_dir.join(LAUNCH_PROGRAM);
+    link(
+        &build,
+        &launch_app_objects,
+        &launch_app,
+        &["-Wl,-rpath,$ORIGIN".to_string()],
+        &["-ldl", "-lpthread"],
+    );
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_LAUNCH_APP={}", launch_app.display());
 }
 
 /// `-shared` with a soname, every symbol resolved at link time, RUNPATH $ORIGIN.

@@ -108,6 +108,7 @@ fn exports_are_exactly_the_hook_list() {
     let mut expected: Vec<String> =
         quantshadow_runtime::intercept::HOOK_NAMES.iter().map(|s| s.to_string()).collect();
     expected.push("quantshadow_version".into());
+    expected.push("dlsym".into());
     expected.sort();
     assert_eq!(exported, expected);
 }

@@ -275,7 +275,11 @@ impl Engine {
             }
         };
         self.ensure_poller();
-        let site = self.sites.site_of(&call);
+        let mut site = self.sites.site_of(&call);
+        if site.name.is_none() {
+            // A launched kernel's sites are named after the kernel unless the names map knows better.
+            site.name = args.label().map(str::to_string);
+        }
         let call_seq = self.call_seq.fetch_add(1, Ordering::Relaxed);
         let mode = match self.config.mode {
             Mode::Check(m) => m,

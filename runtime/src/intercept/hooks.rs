@@ -8,7 +8,8 @@
 //! Each line: `symbol: handler, missing = status, (parameters)`. `handler` is a function
 //! `fn(&Args, Option<Real>) -> i32` under `crate::intercept`; `missing` is the vendor's error
 //! status returned when the real symbol cannot be found (the shim never calls a null pointer).
-//! Every hooked function returns a 32-bit status enum.
+//! Every hooked function returns a 32-bit status enum. Types may name `$crate::...` (resolved
+//! to the runtime in both expansions).
 
 /// Calls `$callback! { ... }` with every hook of the interposer.
 #[macro_export]
@@ -122,6 +123,51 @@ macro_rules! for_each_hook {
                 b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *const c_void, c_type: i32,
                 ldc: i32, d: *mut c_void, d_type: i32, ldd: i32, compute: i32, algo: i32, solution_index: i32,
                 flags: u32);
+            // ---- Driver entry-point lookup (the CUDA runtime reaches the driver through it) --
+            // A lookup of a hooked name returns our export; see `intercept::dlsym`.
+            cuGetProcAddress: launch::get_proc_address, missing = 500, (symbol: *const std::ffi::c_char,
+                pfn: *mut *mut c_void, cuda_version: i32, flags: u64);
+            cuGetProcAddress_v2: launch::get_proc_address_v2, missing = 500, (symbol: *const std::ffi::c_char,
+                pfn: *mut *mut c_void, cuda_version: i32, flags: u64, symbol_status: *mut i32);
+            // ---- Kernel launches (`intercept::launch`); `_ptsz`: per-thread default stream ------
+            cuLaunchKernel: launch::cu_launch_kernel, missing = 500, (f: *mut c_void, grid_x: u32,
+                grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32, shared_bytes: u32,
+                stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void);
+            cuLaunchKernel_ptsz: launch::cu_launch_kernel_ptsz, missing = 500, (f: *mut c_void, grid_x: u32,
+                grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32, shared_bytes: u32,
+                stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void);
+            cuLaunchKernelEx: launch::cu_launch_kernel_ex, missing = 500, (
+                config: *const $crate::intercept::launch::CuLaunchConfig, f: *mut c_void,
+                params: *mut *mut c_void, extra: *mut *mut c_void);
+            cuLaunchKernelEx_ptsz: launch::cu_launch_kernel_ex_ptsz, missing = 500, (
+                config: *const $crate::intercept::launch::CuLaunchConfig, f: *mut c_void,
+                params: *mut *mut c_void, extra: *mut *mut c_void);
+            cudaLaunchKernel: launch::cuda_launch_kernel, missing = 500, (func: *const c_void,
+                grid: $crate::intercept::launch::Dim3, block: $crate::intercept::launch::Dim3,
+                args: *mut *mut c_void, shared_bytes: usize, stream: *mut c_void);
+            cudaLaunchKernel_ptsz: launch::cuda_launch_kernel_ptsz, missing = 500, (func: *const c_void,
+                grid: $crate::intercept::launch::Dim3, block: $crate::intercept::launch::Dim3,
+                args: *mut *mut c_void, shared_bytes: usize, stream: *mut c_void);
+            cudaLaunchKernelExC: launch::cuda_launch_kernel_ex_c, missing = 500, (
+                config: *const $crate::intercept::launch::CudaLaunchConfig, func: *const c_void,
+                args: *mut *mut c_void);
+            cudaLaunchKernelExC_ptsz: launch::cuda_launch_kernel_ex_c_ptsz, missing = 500, (
+                config: *const $crate::intercept::launch::CudaLaunchConfig, func: *const c_void,
+                args: *mut *mut c_void);
+            hipModuleLaunchKernel: launch::hip_module_launch_kernel, missing = 500, (f: *mut c_void,
+                grid_x: u32, grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32,
+                shared_bytes: u32, stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void);
+            // Sizes in work-items (threads), not blocks.
+            hipExtModuleLaunchKernel: launch::hip_ext_module_launch_kernel, missing = 500, (f: *mut c_void,
+                global_x: u32, global_y: u32, global_z: u32, local_x: u32, local_y: u32, local_z: u32,
+                shared_bytes: usize, stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void,
+                start_event: *mut c_void, stop_event: *mut c_void, flags: u32);
+            hipDrvLaunchKernelEx: launch::hip_drv_launch_kernel_ex, missing = 500, (
+                config: *const $crate::intercept::launch::CuLaunchConfig, f: *mut c_void,
+                params: *mut *mut c_void, extra: *mut *mut c_void);
+            hipLaunchKernel: launch::hip_launch_kernel, missing = 500, (func: *const c_void,
+                grid: $crate::intercept::launch::Dim3, block: $crate::intercept::launch::Dim3,
+                args: *mut *mut c_void, shared_bytes: usize, stream: *mut c_void);
         }
     };
 }

@@ -8,6 +8,10 @@
 //! - no panic leaves `enter`: a panic becomes a counted internal error and a passthrough, and
 //!   the real function is called exactly once either way;
 //! - a real symbol that cannot be found returns the vendor's error status (never a null call).
+//!
+//! The entry-point lookups (`cuGetProcAddress*`) run their body even when nested (see
+//! [`guarded_lookup`]); `dlsym` is not a hook of the list but a trampoline in the shim (see
+//! [`dlsym`]). Both hand out our exports for hooked names (`launch` for the kernel launches).
 
 use std::cell::Cell;
 use std::ffi::{c_void, CStr};
@@ -17,10 +21,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 pub mod common;
 pub mod cublas;
 pub mod cublaslt;
+pub mod dlsym;
 pub mod hipblas;
 pub mod hipblaslt;
 #[macro_use]
 pub mod hooks;
+pub mod launch;
 pub mod resolve;
 pub mod rocblas;
 
@@ -80,6 +86,10 @@ pub trait GemmArgs {
     /// handle query); the engine asks only for calls the host sampling passes over, to see
     /// whether they are being captured into a graph.
     fn stream(&self) -> Option<u64> {
+        None
+    }
+    /// A name for the call's site when the names map has none (a launched kernel's name).
+    fn label(&self) -> Option<&str> {
         None
     }
 }
@@ -155,6 +165,39 @@ pub fn guarded(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i
     }
 }
 
+/// The body of an entry-point lookup export (`cuGetProcAddress*`): runs even when this thread
+/// is already inside a hook, since rewriting a returned pointer is harmless (the wrapper it
+/// returns guards itself when called) while a lookup left unrewritten would never be seen
+/// again (the CUDA runtime fetches its driver entry points once, possibly inside a BLAS hook).
+pub fn guarded_lookup(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i32 {
+    let _guard = HookGuard::enter();
+    let status = Cell::new(None);
+    let call = RealCall { call: real, status: &status };
+    match catch_unwind(AssertUnwindSafe(|| body(&call))) {
+        Ok(s) => s,
+        Err(_) => {
+            CAUGHT_PANICS.fetch_add(1, Ordering::Relaxed);
+            call.call()
+        }
+    }
+}
+
+/// Whether a hook is an entry-point lookup (see [`guarded_lookup`]); const for the hook list.
+pub const fn is_lookup(name: &str) -> bool {
+    let (n, p) = (name.as_bytes(), b"cuGetProcAddress");
+    if n.len() < p.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < p.len() {
+        if n[i] != p[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 /// A real vendor function (a hooked entry's, or a helper such as `cublasGetStream_v2`)
 /// resolved by [`resolve::real_symbol`] on first use and cached for the process, a miss
 /// included: walking every loaded object again on each call would cost milliseconds per GEMM,
@@ -176,6 +219,14 @@ impl RealSlot {
         self.name.to_str().unwrap_or("?")
     }
 
+    /// Stores the real function found by a `dlsym`/`cuGetProcAddress` lookup (only where the
+    /// walk of loaded objects found none; see `dlsym::wrap`).
+    pub fn set(&self, p: *mut c_void) {
+        if !p.is_null() {
+            self.ptr.store(p as usize, Ordering::Release);
+        }
+    }
+
     pub fn get(&self) -> Option<*mut c_void> {
         let mut p = self.ptr.load(Ordering::Acquire);
         if p == 0 {
@@ -192,6 +243,9 @@ macro_rules! define_hook_modules {
     ($( $sym:ident : $($handler:ident)::+ , missing = $status:expr, ( $($p:ident : $t:ty),* $(,)? ) ;)*) => {
         /// Every hooked symbol, in list order (the shim exports exactly these).
         pub const HOOK_NAMES: &[&str] = &[$(stringify!($sym)),*];
+
+        /// The real-pointer slot of every hook, in [`HOOK_NAMES`] order.
+        pub static REAL_SLOTS: &[&crate::intercept::RealSlot] = &[$(&hook::$sym::REAL),*];
 
         /// One module per hooked symbol.
         pub mod hook {
@@ -216,6 +270,8 @@ macro_rules! define_hook_modules {
                     }
                 }
                 pub const NAME: &str = stringify!($sym);
+                /// An entry-point lookup (runs its body even when nested; see `guarded_lookup`).
+                pub const LOOKUP: bool = crate::intercept::is_lookup(NAME);
                 /// Returned when the real symbol cannot be found.
                 pub const MISSING_STATUS: i32 = $status;
                 pub static REAL: crate::intercept::RealSlot =
@@ -238,7 +294,12 @@ macro_rules! define_hook_modules {
                         Some(p) => unsafe { args.call(std::mem::transmute::<*mut c_void, Real>(p)) },
                         None => MISSING_STATUS,
                     };
-                    crate::intercept::guarded(|call| crate::intercept::$($handler)::+(&args, call), &real)
+                    let body = |call: &crate::intercept::RealCall| crate::intercept::$($handler)::+(&args, call);
+                    if LOOKUP {
+                        crate::intercept::guarded_lookup(body, &real)
+                    } else {
+                        crate::intercept::guarded(body, &real)
+                    }
                 }
             }
             )*

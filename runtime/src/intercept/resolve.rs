@@ -5,6 +5,7 @@
 //! calling that NULL crashes the host. So: walk the loaded objects (`dl_iterate_phdr`), open
 //! each already-loaded one by path with RTLD_NOLOAD and look the name up there, skipping any
 //! hit inside our own object; then fall back to RTLD_NEXT. Callers cache the result.
+//! Lookups go through glibc's own `dlsym` ([`super::dlsym::real_dlsym`]), never our override.
 
 use std::ffi::{c_void, CStr, CString};
 
@@ -50,6 +51,7 @@ pub fn loaded_objects() -> Vec<CString> {
 
 /// The real `name`: the first loaded object other than ours that defines it, else RTLD_NEXT.
 pub fn real_symbol(name: &CStr) -> Option<*mut c_void> {
+    let dlsym = super::dlsym::real_dlsym()?;
     let own = own_base();
     for path in loaded_objects() {
         // SAFETY: RTLD_NOLOAD never loads anything; it only returns a handle (with a
@@ -59,7 +61,7 @@ pub fn real_symbol(name: &CStr) -> Option<*mut c_void> {
             if handle.is_null() {
                 continue;
             }
-            let p = libc::dlsym(handle, name.as_ptr());
+            let p = dlsym(handle, name.as_ptr());
             libc::dlclose(handle);
             if !p.is_null() && object_base(p) != Some(own) {
                 return Some(p);
@@ -67,7 +69,7 @@ pub fn real_symbol(name: &CStr) -> Option<*mut c_void> {
         }
     }
     // SAFETY: plain lookup in the objects loaded after ours.
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    let p = unsafe { dlsym(libc::RTLD_NEXT, name.as_ptr()) };
     (!p.is_null() && object_base(p) != Some(own)).then_some(p)
 }
 
