@@ -300,7 +300,6 @@ fn report_of(dir: &Path) -> report::Report {
 const GEMM_LAUNCHES: u64 = 9;
 
 #[test]
-#[ignore = "needs the spec engine (specs branch)"]
 fn specced_launches_are_checked_and_pass() {
     let specs = specs_dir("specs");
     let dir = tempfile::tempdir().unwrap();
@@ -336,7 +335,6 @@ fn specced_launches_are_checked_and_pass() {
 }
 
 #[test]
-#[ignore = "needs the spec engine (specs branch)"]
 fn a_planted_scale_layout_fault_fails_exactly_its_launch() {
     let specs = specs_dir("specs");
     // Launch 6: the second FP8 block-scale launch; launch 8: the second packed A8W8 one.
@@ -358,7 +356,6 @@ fn a_planted_scale_layout_fault_fails_exactly_its_launch() {
 }
 
 #[test]
-#[ignore = "needs the spec engine (specs branch)"]
 fn a_spec_that_does_not_fit_disables_itself_with_one_line_and_a_counted_skip() {
     let specs = specs_dir("specs_bad");
     let dir = tempfile::tempdir().unwrap();

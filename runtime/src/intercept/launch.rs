@@ -739,8 +739,7 @@ pub fn listing() -> KernelListing {
                 shapes: s.shapes.len() as u32,
                 param_sizes: info.param_sizes.clone(),
                 packed_bytes: s.packed_bytes,
-                // The spec interface has no name accessor (yet): its index in the spec set.
-                spec: info.spec.map(|id| format!("spec#{}", id.0)),
+                spec: info.spec.map(|id| state().specs.label(id).unwrap_or_else(|| format!("spec#{}", id.0))),
             })
         })
         .collect();
