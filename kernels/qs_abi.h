@@ -64,6 +64,8 @@
 #define QS_STATUS_NONLINEAR 4u      /* sketch of a non-linear epilogue: results meaningless */
 #define QS_STATUS_BAD_SCALAR 8u     /* d_scale zero or non-finite: y not rescaled */
 #define QS_STATUS_REF_NONFINITE 16u /* the reference side has NaN/Inf */
+#define QS_STATUS_WEIGHT_CHANGED 32u /* sketch: B no longer holds what W_R was projected from */
+#define QS_WEIGHT_SAMPLES 64 /* 4-byte samples of B kept with W_R to notice a changed weight */
 
 // ---------------------------------------------------------------------------------------------
 // Problem descriptors
@@ -265,6 +267,7 @@ struct QsWprojParams {
     qs_u64 status_ptr;
     qs_u32 kp; // 8, 16 or 32
     qs_u32 reserved;
+    qs_u64 snapshot_ptr; // u32[QS_WEIGHT_SAMPLES]: B's bytes at qs_weight_sample positions; 0 = none
 };
 
 // qs_sketch_check_{a}_{d}: grid (groups, splits), QS_BLOCK threads; group g covers sample
@@ -297,6 +300,9 @@ struct QsSketchParams {
     qs_u64 gate_ptr;
     qs_u32 gate_first;
     qs_u32 gate_every;
+    // Samples of B taken with W_R (QsWprojParams::snapshot_ptr); a launch that finds B changed
+    // flags QS_STATUS_WEIGHT_CHANGED instead of judging against a stale projection. 0 = none.
+    qs_u64 snapshot_ptr;
 };
 
 // qs_compare_{d} and qs_compare_logits_{d}: D rows vs the f32 reference rows. Grid-stride over
@@ -414,8 +420,8 @@ static_assert(sizeof(QsRingDesc) == 32, "QsRingDesc");
 static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
 static_assert(sizeof(QsRefParams) == 616, "QsRefParams");
 static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
-static_assert(sizeof(QsWprojParams) == 168, "QsWprojParams");
-static_assert(sizeof(QsSketchParams) == 752, "QsSketchParams");
+static_assert(sizeof(QsWprojParams) == 176, "QsWprojParams");
+static_assert(sizeof(QsSketchParams) == 760, "QsSketchParams");
 static_assert(sizeof(QsCompareParams) == 256, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");

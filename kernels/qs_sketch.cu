@@ -213,11 +213,26 @@ QS_DEVICE void qs_wproj_body(const QsWprojParams& P) {
     }
 }
 
+// ---- weight samples ---------------------------------------------------------------------------
+// W_R is projected once per weight pointer. Memory can be reused for another tensor (a caching
+// allocator, a weight reload, an activation in the B slot): the projection would then be stale
+// and every check a false failure. The wproj launch keeps QS_WEIGHT_SAMPLES 4-byte samples of
+// B at hashed byte offsets; each check compares them (one warp of one block) and flags
+// QS_STATUS_WEIGHT_CHANGED on any difference, so the host re-projects instead of judging.
+QS_DEVICE qs_u32 qs_weight_sample(const QsMatrixDesc& b, unsigned i) {
+    const qs_u64 bytes = (b.extent * (qs_u64)QsFmt<QS_B_FMT>::BITS + 7) / 8;
+    if (bytes < 4) return 0;
+    const qs_u8* p = (const qs_u8*)b.ptr + qs_hash3(0x5EED5A11ull, 0, i) % (bytes - 3);
+    return (qs_u32)p[0] | ((qs_u32)p[1] << 8) | ((qs_u32)p[2] << 16) | ((qs_u32)p[3] << 24);
+}
+
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
     if (P.b.format != QS_B_FMT || blockDim.x != QS_BLOCK) {
         qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
         return;
     }
+    if (P.snapshot_ptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < QS_WEIGHT_SAMPLES)
+        ((qs_u32*)P.snapshot_ptr)[threadIdx.x] = qs_weight_sample(P.b, threadIdx.x);
     switch (P.kp) {
 #if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
         case 8: qs_wproj_body<8>(P); break;
@@ -1277,6 +1292,9 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
         __syncthreads();
         if (!qs_take) return;
     }
+    if (P.snapshot_ptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < QS_WEIGHT_SAMPLES &&
+        P.g.b.ptr && qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
+        qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
     switch (P.kp) {
 #if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
         case 8: qs_sketch_check_body<8>(P, valid, sm); break;

@@ -900,7 +900,50 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
     if quick {
         scenarios.truncate(3);
     }
-    scenarios.iter().flat_map(|s| gpu_sketch_scenario(checker, s)).collect()
+    let mut out: Vec<Outcome> = scenarios.iter().flat_map(|s| gpu_sketch_scenario(checker, s)).collect();
+    out.push(gpu_sketch_weight_change(checker));
+    out
+}
+
+/// A weight overwritten in place (same pointer, new content) must be reported as changed, not
+/// judged against the stale projection W_R (a false failure).
+fn gpu_sketch_weight_change(checker: &GpuChecker) -> Outcome {
+    let case = "weight overwritten under the same pointer: flagged WEIGHT_CHANGED, not judged";
+    let run = || -> Result<Outcome, String> {
+        let (m, n, k) = (64u64, 512u64, 256u64);
+        let problem = scheme_problem("bf16", m, n, k);
+        let inputs = random_inputs(&problem, 0x77).map_err(|e| e.to_string())?;
+        let (_keep, bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| e.to_string())?;
+        let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| e.to_string())?;
+        let (seed, probes) = (0x5eed, 8);
+        let weight = checker
+            .sketch_weight(&g, problem.a.format, problem.d.format, seed, probes)
+            .map_err(|e| e.to_string())?;
+        let sample = sketch::RowSample::new(seed, m, 256);
+        let scratch = checker.sketch_scratch(sample.count, k, n, probes, false).map_err(|e| e.to_string())?;
+        let epoch_buf = checker.alloc_zeroed(8).map_err(|e| e.to_string())?;
+        let status = |tag: u64| -> Result<u32, String> {
+            let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
+            checker
+                .sketch_check(&g, rows, &weight, &scratch, problem.a.format, problem.d.format, (9, tag), Stream::default())
+                .map_err(|e| e.to_string())?;
+            checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+            let slot = checker.ring.lock().unwrap().poll().ok_or("no sketch result arrived")?;
+            Ok(slot.status)
+        };
+        let before = status(0)?;
+        let other = random_inputs(&problem, 0x78).map_err(|e| e.to_string())?;
+        checker.runtime().copy_to_device_sync(bufs.b, &other.b).map_err(|e| e.to_string())?;
+        let after = status(1)?;
+        let changed = abi::status::WEIGHT_CHANGED;
+        Ok(outcome(
+            "sketch claim",
+            case,
+            before & changed == 0 && after & changed != 0,
+            format!("status before {before:#x}, after overwriting B {after:#x}"),
+        ))
+    };
+    run().unwrap_or_else(|e| error_outcome("sketch", case, e))
 }
 
 fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome> {

@@ -44,30 +44,36 @@ for step in $steps; do
     grep -E "FAIL" "$OUT/triton_bug/report.md" | head -12
     ;;
   cuda)
-    # A CUDA C++ kernel launched with cudaLaunchKernel (runtime API), checked through its spec.
-    nvcc -O2 -arch=sm_90 -o /tmp/cuda_gemm tests/gpu/cuda_gemm_kernel.cu >"$OUT/cuda_build.log" 2>&1 || {
-      echo "cuda: nvcc failed"
-      cat "$OUT/cuda_build.log"
-      continue
-    }
-    /tmp/cuda_gemm >"$OUT/cuda_plain.log" 2>&1
-    echo "cuda plain: exit $?; $(grep summary "$OUT/cuda_plain.log")"
-    for mode in sketch full; do
-      QUANTSHADOW_SPECS=$PWD/specs/cuda_gemm_example.toml \
-        quantshadow run --mode "$mode" --label "cuda-gemm-$mode" --out "$OUT/cuda_$mode" -- /tmp/cuda_gemm \
-        >"$OUT/cuda_$mode.log" 2>&1
-      echo "cuda $mode: run exit $?; outputs $(same_digest "$OUT/cuda_plain.log" "$OUT/cuda_$mode.log")"
-      summary "$OUT/cuda_$mode/report.md"
+    # A CUDA C++ kernel launched with cudaLaunchKernel (runtime API), checked through its spec:
+    # with the shared CUDA runtime (cudaLaunchKernel interposed by symbol) and with nvcc's
+    # default static runtime (no exported cudaLaunchKernel: only the driver entry points it
+    # fetches through dlsym + cuGetProcAddress can be reached).
+    for rt in shared static; do
+      nvcc -O2 -arch=sm_90 -cudart "$rt" -o "/tmp/cuda_gemm_$rt" tests/gpu/cuda_gemm_kernel.cu >"$OUT/cuda_build_$rt.log" 2>&1 || {
+        echo "cuda $rt: nvcc failed"
+        cat "$OUT/cuda_build_$rt.log"
+        continue
+      }
+      "/tmp/cuda_gemm_$rt" >"$OUT/cuda_${rt}_plain.log" 2>&1
+      echo "cuda $rt plain: exit $?; $(grep summary "$OUT/cuda_${rt}_plain.log")"
+      for mode in sketch full; do
+        QUANTSHADOW_LOG=debug QUANTSHADOW_SPECS=$PWD/specs/cuda_gemm_example.toml \
+          quantshadow run --mode "$mode" --label "cuda-gemm-$rt-$mode" --out "$OUT/cuda_${rt}_$mode" -- \
+          "/tmp/cuda_gemm_$rt" >"$OUT/cuda_${rt}_$mode.log" 2>&1
+        echo "cuda $rt $mode: run exit $?; outputs $(same_digest "$OUT/cuda_${rt}_plain.log" "$OUT/cuda_${rt}_$mode.log")"
+        [ -f "$OUT/cuda_${rt}_$mode/report.md" ] && summary "$OUT/cuda_${rt}_$mode/report.md"
+      done
+      grep -iE "getprocaddress|launch|dlsym" "$OUT/cuda_${rt}_sketch.log" | head -8
     done
     ;;
   jax)
     # JAX reaches cuBLASLt through dlopen + dlsym(handle): the dlsym hook must route it to us.
-    python3 tests/gpu/jax_matmul.py >"$OUT/jax_plain.log" 2>&1
+    python3 tests/gpu/jax_matmul.py "$OUT/jax_plain.json" >"$OUT/jax_plain.log" 2>&1
     echo "jax plain: exit $?"
-    tail -3 "$OUT/jax_plain.log"
     quantshadow run --mode full --label jax-bf16 --out "$OUT/jax_full" -- python3 tests/gpu/jax_matmul.py \
-      >"$OUT/jax_full.log" 2>&1
-    echo "jax full: run exit $?; outputs $(same_digest "$OUT/jax_plain.log" "$OUT/jax_full.log")"
+      "$OUT/jax_full.json" >"$OUT/jax_full.log" 2>&1
+    echo "jax full: run exit $?; outputs $(cmp -s "$OUT/jax_plain.json" "$OUT/jax_full.json" && echo identical || echo DIFFERENT)"
+    grep checksum "$OUT/jax_full.log" | head -3
     summary "$OUT/jax_full/report.md"
     grep -E "cublasLt|cublas" "$OUT/jax_full/report.md" | head -5
     ;;
@@ -80,12 +86,9 @@ for step in $steps; do
     ;;
   overhead)
     # Launch interception on a workload of many small non-GEMM kernels, no specs: <= 1% goal.
-    for round in 1 2; do
-      r=$(python3 tests/gpu/launch_overhead.py 2>/dev/null | tail -1)
-      echo "overhead round $round plain: $r"
-      r=$(QUANTSHADOW_MODE=observe LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so python3 tests/gpu/launch_overhead.py 2>/dev/null | tail -1)
-      echo "overhead round $round observe: $r"
-    done
+    python3 tests/gpu/launch_overhead.py --shim "$PWD/.gpu/main/libquantshadow.so" --rounds 5 >"$OUT/overhead.txt" 2>&1
+    echo "overhead: exit $?"
+    cat "$OUT/overhead.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

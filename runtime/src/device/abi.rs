@@ -18,6 +18,8 @@ use crate::problem::{
 use std::mem::{offset_of, size_of};
 
 pub const ABI_VERSION: u32 = 1;
+/// 4-byte samples of B kept with a weight's projection (qs_abi.h QS_WEIGHT_SAMPLES).
+pub const WEIGHT_SAMPLES: usize = 64;
 pub const MAX_PROBES: usize = 32;
 pub const MAX_TOPK: usize = 16;
 /// Most K/N splits (grid.y) of one sketch check (`QS_MAX_SPLITS`).
@@ -70,8 +72,11 @@ pub mod status {
     pub const BAD_SCALAR: u32 = 8;
     /// The reference side has NaN/Inf (inputs broken upstream of the GEMM).
     pub const REF_NONFINITE: u32 = 16;
+    /// Sketch: B no longer holds what its projection W_R was computed from (memory reused for
+    /// another tensor, or B is not a static weight).
+    pub const WEIGHT_CHANGED: u32 = 32;
     /// Bits after which a result must not be judged.
-    pub const INVALID: u32 = OUT_OF_BOUNDS | BAD_DESCRIPTOR | NONLINEAR | BAD_SCALAR;
+    pub const INVALID: u32 = OUT_OF_BOUNDS | BAD_DESCRIPTOR | NONLINEAR | BAD_SCALAR | WEIGHT_CHANGED;
 }
 
 /// Threads per block of the bandwidth kernels (sketch, compare): `QS_BLOCK`.
@@ -343,6 +348,8 @@ pub struct QsWprojParams {
     pub status_ptr: u64,
     pub kp: u32,
     pub reserved: u32,
+    /// u32[WEIGHT_SAMPLES]: samples of B taken with W_R; 0 = none.
+    pub snapshot_ptr: u64,
 }
 
 #[repr(C)]
@@ -376,6 +383,9 @@ pub struct QsSketchParams {
     pub gate_ptr: u64,
     pub gate_first: u32,
     pub gate_every: u32,
+    /// The weight's samples (QsWprojParams::snapshot_ptr): a changed B flags
+    /// `status::WEIGHT_CHANGED` instead of being judged against a stale projection. 0 = none.
+    pub snapshot_ptr: u64,
 }
 
 #[repr(C)]
@@ -526,9 +536,9 @@ const _: () = {
     assert!(offset_of!(QsRefParams, rows) == 512 && offset_of!(QsRefParams, out_ptr) == 584);
     assert!(size_of::<QsPrepParams>() == 96);
     assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
-    assert!(size_of::<QsWprojParams>() == 168);
+    assert!(size_of::<QsWprojParams>() == 176);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
-    assert!(size_of::<QsSketchParams>() == 752);
+    assert!(size_of::<QsSketchParams>() == 760);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
     assert!(size_of::<QsCompareParams>() == 256);

@@ -207,6 +207,8 @@ pub struct SketchWeight {
     bproj: DeviceBuffer,
     wr: DeviceBuffer,
     wr_batch_stride: u64,
+    /// Samples of B at projection time (see `status::WEIGHT_CHANGED`).
+    snapshot: DeviceBuffer,
     /// The prep kernel's scratch, kept until the weight is dropped (it may still be running).
     _prep: (DeviceBuffer, DeviceBuffer, DeviceBuffer),
 }
@@ -508,6 +510,7 @@ impl GpuChecker {
         let items = if g.b_batched() { g.batch } else { 1 };
         let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
         let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
+        let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
         let wproj = QsWprojParams {
             b: g.b,
             b_scale: g.b_scale,
@@ -519,6 +522,7 @@ impl GpuChecker {
             status_ptr: status.ptr,
             kp,
             reserved: 0,
+            snapshot_ptr: snapshot.ptr,
         };
         let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
         self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream)?;
@@ -531,6 +535,7 @@ impl GpuChecker {
             bproj,
             wr,
             wr_batch_stride,
+            snapshot,
             _prep: (partials, counter, status),
         })
     }
@@ -616,6 +621,7 @@ impl GpuChecker {
             gate_ptr: 0,
             gate_first: 0,
             gate_every: 0,
+            snapshot_ptr: weight.snapshot.ptr,
         }
     }
 

@@ -102,6 +102,8 @@ struct SiteGpu {
     rows_state: HashMap<(u64, bool), RowsState>,
     /// Copies of C taken before calls that accumulate into it in place, per size.
     c_copies: HashMap<usize, DeviceBuffer>,
+    /// Weight changes the device reported for this site that the weight was re-projected for.
+    weight_changes_seen: u32,
 }
 
 struct RowsState {
@@ -138,6 +140,9 @@ pub struct GpuBackend {
     sites: Mutex<HashMap<u64, SiteGpu>>,
     /// site_id -> ordinal, for tagging results.
     ordinals: Mutex<HashMap<u64, u32>>,
+    /// site_id -> sketch results that found B changed since its projection (the poller counts,
+    /// the next call of the site re-projects; from WEIGHT_CHANGES_FOR_ROWS on, rows mode).
+    weight_changes: Mutex<HashMap<u64, u32>>,
     compiler: Compiler,
     sync_compile: bool,
     /// Low-priority stream for rows/full references outside graph captures.
@@ -195,6 +200,7 @@ impl GpuBackend {
             checker,
             sites: Mutex::new(HashMap::new()),
             ordinals: Mutex::new(HashMap::new()),
+            weight_changes: Mutex::new(HashMap::new()),
             compiler: Compiler { requests: Mutex::new(tx), pending: Mutex::new(HashSet::new()), ready },
             sync_compile: s.sync_compile,
             side_stream,
@@ -276,6 +282,7 @@ impl GpuBackend {
                     epoch,
                     rows_state: HashMap::new(),
                     c_copies: HashMap::new(),
+                    weight_changes_seen: 0,
                 },
             );
         }
@@ -314,6 +321,14 @@ impl GpuBackend {
             let rows = CheckRequest { mode: CheckMode::Rows, ..req.clone() };
             return self.rows_or_full(&rows, g, buffers, stream, capturing);
         }
+        let changes = self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).get(&req.site_id).copied();
+        if changes.is_some_and(|c| c >= WEIGHT_CHANGES_FOR_ROWS) {
+            // B keeps changing under the same pointer: not a static weight (an activation in
+            // the B slot, recycled memory). A per-weight projection cannot serve it; check a row
+            // sample exactly instead.
+            let rows = CheckRequest { mode: CheckMode::Rows, ..req.clone() };
+            return self.rows_or_full(&rows, g, buffers, stream, capturing);
+        }
         let kp = abi::padded_probes(req.sketch.probes).map_err(|e| Skip::new(format!("sketch: {e}")))?;
         let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
         self.ensure_program(&build, capturing)?;
@@ -321,6 +336,13 @@ impl GpuBackend {
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
+        if let Some(c) = changes.filter(|c| *c > site.weight_changes_seen) {
+            if capturing {
+                return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            site.weight_changes_seen = c;
+            site.weight = None; // projected from content B no longer holds
+        }
         if site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
@@ -613,6 +635,9 @@ impl Backend for GpuBackend {
         let mut ring = self.checker.ring.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(slot) = ring.poll() {
             let site_ordinal = self.ordinal_of(slot.tag);
+            if slot.status & abi::status::WEIGHT_CHANGED != 0 {
+                *self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).entry(slot.tag).or_insert(0) += 1;
+            }
             if !sketch::slot_is_valid(&slot) {
                 out.push(Polled::Failed { site_ordinal, reason: status_reason(slot.status) });
                 continue;
@@ -653,6 +678,9 @@ impl Backend for GpuBackend {
     }
 }
 
+/// Sketch results with a changed B after which a site is checked in rows mode instead.
+const WEIGHT_CHANGES_FOR_ROWS: u32 = 2;
+
 fn status_reason(status: u32) -> String {
     let s = abi::status::OUT_OF_BOUNDS;
     if status & s != 0 {
@@ -661,6 +689,8 @@ fn status_reason(status: u32) -> String {
         "device check: bad descriptor".into()
     } else if status & abi::status::NONLINEAR != 0 {
         "device check: non-linear epilogue in a sketch".into()
+    } else if status & abi::status::WEIGHT_CHANGED != 0 {
+        "sketch: the weight (B) changed since its projection; re-projected for the next call".into()
     } else if status & abi::status::BAD_SCALAR != 0 {
         "device check: d_scale zero or non-finite".into()
     } else {

@@ -532,12 +532,14 @@ fn disable(st: &LaunchState, id: SpecId, kernel: &str, why: &str) {
 static CU_FUNC_GET_NAME: RealSlot = RealSlot::new(c"cuFuncGetName");
 static CU_FUNC_GET_PARAM_INFO: RealSlot = RealSlot::new(c"cuFuncGetParamInfo");
 static CUDA_GET_FUNC_BY_SYMBOL: RealSlot = RealSlot::new(c"cudaGetFuncBySymbol");
+static CU_KERNEL_GET_FUNCTION: RealSlot = RealSlot::new(c"cuKernelGetFunction");
 static HIP_KERNEL_NAME_REF: RealSlot = RealSlot::new(c"hipKernelNameRef");
 static HIP_KERNEL_NAME_REF_BY_PTR: RealSlot = RealSlot::new(c"hipKernelNameRefByPtr");
 
 type CuFuncGetName = unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> i32;
 type CuFuncGetParamInfo = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> i32;
 type CudaGetFuncBySymbol = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32;
+type CuKernelGetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void) -> i32;
 type HipKernelNameRef = unsafe extern "C" fn(*mut c_void) -> *const c_char;
 type HipKernelNameRefByPtr = unsafe extern "C" fn(*const c_void, *mut c_void) -> *const c_char;
 
@@ -585,10 +587,28 @@ fn cuda_function(host_stub: *const c_void) -> Option<*mut c_void> {
     (status == 0 && !f.is_null()).then_some(f)
 }
 
+/// The current context's CUfunction of a CUkernel. Since CUDA 12 the runtime loads its kernels
+/// as libraries and launches CUkernel handles through cuLaunchKernel (measured on an H100 with
+/// PyTorch 2.11: every PyTorch kernel arrived this way, and cuFuncGetName refused the handle).
+/// Only asked after cuFuncGetName failed, i.e. for handles the driver did not take as CUfunction.
+fn cu_kernel_function(kernel: *mut c_void) -> Option<*mut c_void> {
+    let get = CU_KERNEL_GET_FUNCTION.get()?;
+    let mut f: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the slot holds cuKernelGetFunction; the driver validates the handle.
+    let status = unsafe { std::mem::transmute::<*mut c_void, CuKernelGetFunction>(get)(&mut f, kernel) };
+    (status == 0 && !f.is_null()).then_some(f)
+}
+
 fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
     let handle = l.handle as *mut c_void;
     let (name, function) = match l.api {
-        Api::CuDriver => (cu_func_name(handle), Some(handle)),
+        Api::CuDriver => match cu_func_name(handle) {
+            Some(name) => (Some(name), Some(handle)),
+            None => match cu_kernel_function(handle) {
+                Some(f) => (cu_func_name(f), Some(f)),
+                None => (None, Some(handle)),
+            },
+        },
         Api::CudaRuntime => {
             let f = cuda_function(handle);
             (f.and_then(cu_func_name), f)
