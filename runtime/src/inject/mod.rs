@@ -590,3 +590,9 @@ pub fn output_obstacle(problem: &GemmProblem, class: FaultClass) -> Option<Strin
 
 #[cfg(test)]
 mod tests;
+
+/// Helpers shared with the diagnosis tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    pub(crate) use super::tests::encode_output;
+}
