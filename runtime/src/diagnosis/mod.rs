@@ -171,14 +171,23 @@ pub fn diagnose(
             }
             t
         }
-        None if declared.explains() || best.reading.kind == ReadingKind::Declared => format!(
+        None if declared.explains() => format!(
             "the declared contract is the best reading (cosine {:.5}, norm ratio {:.3}); no alternative reading explains production better",
             dm.cosine, dm.norm_ratio
         ),
-        None => format!(
-            "no reading of the contract explains production: best is {} (cosine {:.4}, norm ratio {:.3}); declared gives cosine {:.4}, norm ratio {:.3}",
-            best.reading.description, best.metrics.cosine, best.metrics.norm_ratio, dm.cosine, dm.norm_ratio
-        ),
+        None => {
+            let alt = results.iter().find(|r| r.reading.kind != ReadingKind::Declared);
+            let alt = alt.map_or(String::new(), |a| {
+                format!(
+                    "; best alternative is {} (cosine {:.4}, norm ratio {:.3})",
+                    a.reading.description, a.metrics.cosine, a.metrics.norm_ratio
+                )
+            });
+            format!(
+                "no reading of the contract explains production: declared gives cosine {:.4}, norm ratio {:.3}{alt}",
+                dm.cosine, dm.norm_ratio
+            )
+        }
     };
     let recommendation = explanation.as_ref().map(|e| e.reading.recommendation().to_string());
     Ok(Diagnosis { declared, ranked: results, skipped, explanation, equivalent, text, recommendation })

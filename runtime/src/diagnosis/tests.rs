@@ -189,6 +189,17 @@ fn garbage_is_explained_by_nothing() {
     let diag = diagnose(&p, &inputs, &rows_of(&prod, &sample_rows(p.m))).unwrap();
     assert!(diag.explanation.is_none());
     assert!(diag.text.starts_with("no reading of the contract explains production"), "{}", diag.text);
+    // Zeros: nothing explains them either, and the text does not call the declared reading fine.
+    let zeros: Vec<(u64, Vec<f64>)> = (0..p.m).map(|r| (r, vec![0.0; p.n as usize])).collect();
+    let diag = diagnose(&p, &inputs, &zeros).unwrap();
+    assert!(diag.explanation.is_none());
+    assert!(
+        diag.text.starts_with(
+            "no reading of the contract explains production: declared gives cosine 0.0000, norm ratio 0.000"
+        ),
+        "{}",
+        diag.text
+    );
 }
 
 #[test]
