@@ -67,6 +67,14 @@ def compare_spec(d):
     return spec("qs_compare.cu", [f"QS_D_FMT={FORMATS[d]}"], [f"qs_compare_{d}", f"qs_compare_logits_{d}"])
 
 
+# Fault injection (qs_inject.cu): D formats the output transforms are compiled for.
+INJECT_D = ["f32", "f16", "bf16", "e4m3fn", "e4m3fnuz", "e5m2", "e5m2fnuz", "int8", "i32"]
+
+
+def inject_spec(d):
+    return spec("qs_inject.cu", [f"QS_D_FMT={FORMATS[d]}"], [f"qs_inject_output_{d}", "qs_inject_scale"])
+
+
 def builtin_specs(full):
     out = []
     if full:
@@ -81,6 +89,7 @@ def builtin_specs(full):
             out.append(sketch_spec(a, b, d))
     out += [compare_spec(d) for d in ELEMENT]
     out.append(spec("qs_selftest.cu", [], ["qs_selftest_decode", "qs_selftest_encode", "qs_selftest_hash", "qs_selftest_scale_entry"]))
+    out += [inject_spec(d) for d in INJECT_D]
     return out
 
 

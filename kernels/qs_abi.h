@@ -454,3 +454,43 @@ static_assert(QS_OFF(QsCompareParams, m) == 168 && QS_OFF(QsCompareParams, kind)
 static_assert(QS_OFF(QsCompareParams, block_per_row) == 248, "QsCompareParams");
 static_assert(QS_OFF(QsSelftestParams, scale) == 80 && QS_OFF(QsSelftestParams, format) == 144, "QsSelftestParams");
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection (kernels/qs_inject.cu, runtime/src/inject, abi.rs QsInjectParams): off unless
+// QUANTSHADOW_INJECT asks for it. Appended apart from the checking ABI above.
+// ---------------------------------------------------------------------------------------------
+
+// QsInjectParams::op
+#define QS_INJECT_GARBAGE 1u         /* D: hash noise with each row's RMS */
+#define QS_INJECT_HALF 2u            /* D: 0.5x (fn-as-fnuz) */
+#define QS_INJECT_TILE_ROWS 3u       /* D: row i = row i - 1 for i % period == offset, M >= min_m */
+#define QS_INJECT_NAN 4u             /* D: one NaN at hash3(seed, STREAM_NAN, 0) mod (batch M N) */
+#define QS_INJECT_ZERO 5u            /* D: every element code 0 */
+#define QS_INJECT_SCALE_TRANSPOSE 6u /* scales: dst[dst entry (o,i)] = src[src entry (o,i)] */
+#define QS_INJECT_SCALE_FILL 7u      /* scales: dst[dst entry (o,i)] = fill_code */
+
+#define QS_INJECT_STREAM_GARBAGE 0x47524142ull
+#define QS_INJECT_STREAM_NAN 0x004E414Eull
+
+// One injection launch. Output ops use d, m, n, batch, seed and the tile fields; scale ops use
+// src, dst (same format, grid and block shape; storage / ld may differ) and scale_items.
+struct QsInjectParams {
+    QsMatrixDesc d;
+    QsScaleDesc src;
+    QsScaleDesc dst;
+    qs_u64 m, n, batch;
+    qs_u64 seed;
+    qs_u64 scale_items; // batch items of the scale grid (1 when its batch stride is 0)
+    qs_u64 status_ptr;  // u32 status word (QS_STATUS_*), 0 = none
+    qs_u32 op;
+    qs_u32 tile_period;
+    qs_u32 tile_offset;
+    qs_u32 tile_min_m;
+    qs_u32 fill_code; // scale code of 1.0
+    qs_u32 reserved;
+};
+static_assert(sizeof(QsInjectParams) == 248, "QsInjectParams");
+#if defined(QS_CHECK_LAYOUT)
+static_assert(__builtin_offsetof(QsInjectParams, src) == 48 && __builtin_offsetof(QsInjectParams, dst) == 112, "QsInjectParams scales");
+static_assert(__builtin_offsetof(QsInjectParams, m) == 176 && __builtin_offsetof(QsInjectParams, op) == 224, "QsInjectParams tail");
+#endif

@@ -8,10 +8,14 @@
 //! - [`record`]: records leaving the process and their FlatBuffers encoding
 //! - [`runfile`]: the append-only, CRC-framed run file
 //! - [`transport`]: framing, addresses and the non-blocking client
+//! - [`inject`]: fault injection for testing the detector (`QUANTSHADOW_INJECT`)
+//! - [`diagnosis`]: alternative readings of a failing call's contract, error maps
 
 pub mod device;
+pub mod diagnosis;
 pub mod engine;
 pub mod formats;
+pub mod inject;
 pub mod intercept;
 pub mod metrics;
 pub mod oracle;

@@ -61,6 +61,10 @@ fn registry_specs() -> Vec<KernelBuild> {
         out.push(KernelBuild::sketch(a, b, d).unwrap());
     }
     out.push(KernelBuild::selftest());
+    // Fault injection (qs_inject.cu): every D format of 8 bits or more.
+    for d in ELEMENT.into_iter().filter(|f| f.bits() >= 8) {
+        out.push(KernelBuild::inject(d).unwrap());
+    }
     out
 }
 

@@ -636,6 +636,9 @@ pub enum AbiError {
     NonLinearEpilogue { activation: Activation },
     #[error("{slot} format {format} cannot be a GEMM operand")]
     NotElementFormat { slot: &'static str, format: Format },
+    /// Fault injection (see the inject section at the end of this file).
+    #[error("fault injection: {reason}")]
+    Inject { reason: String },
 }
 
 fn element_bytes_align(format: Format) -> u64 {
@@ -1102,6 +1105,8 @@ pub enum KernelSource {
     Sketch,
     Compare,
     Selftest,
+    /// Fault injection (`QUANTSHADOW_INJECT`), see the inject section at the end of this file.
+    Inject,
 }
 
 /// Headers handed to NVRTC/hipRTC as in-memory headers (name, text).
@@ -1120,6 +1125,7 @@ impl KernelSource {
             KernelSource::Sketch => "qs_sketch.cu",
             KernelSource::Compare => "qs_compare.cu",
             KernelSource::Selftest => "qs_selftest.cu",
+            KernelSource::Inject => "qs_inject.cu",
         }
     }
 
@@ -1129,6 +1135,7 @@ impl KernelSource {
             KernelSource::Sketch => include_str!("../../../kernels/qs_sketch.cu"),
             KernelSource::Compare => include_str!("../../../kernels/qs_compare.cu"),
             KernelSource::Selftest => include_str!("../../../kernels/qs_selftest.cu"),
+            KernelSource::Inject => include_str!("../../../kernels/qs_inject.cu"),
         }
     }
 }
@@ -1142,6 +1149,8 @@ pub enum ParamKind {
     Sketch,
     Compare,
     Selftest,
+    /// [`QsInjectParams`].
+    Inject,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -1438,5 +1447,199 @@ mod tests {
         let back: QsResultSlot = read_record(s.as_bytes()).unwrap();
         assert_eq!(back, s);
         assert!(read_record::<QsResultSlot>(&s.as_bytes()[..100]).is_none());
+    }
+}
+
+// =============================================================================================
+// Fault injection (kernels/qs_inject.cu, runtime/src/inject): qs_abi.h's appended section.
+// Kept apart from the checking ABI above; nothing in a check depends on it.
+// =============================================================================================
+
+pub const INJECT_GARBAGE: u32 = 1;
+pub const INJECT_HALF: u32 = 2;
+pub const INJECT_TILE_ROWS: u32 = 3;
+pub const INJECT_NAN: u32 = 4;
+pub const INJECT_ZERO: u32 = 5;
+pub const INJECT_SCALE_TRANSPOSE: u32 = 6;
+pub const INJECT_SCALE_FILL: u32 = 7;
+
+/// qs_abi.h QsInjectParams: one launch of `qs_inject_output_{d}` or `qs_inject_scale`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsInjectParams {
+    pub d: QsMatrixDesc,
+    pub src: QsScaleDesc,
+    pub dst: QsScaleDesc,
+    pub m: u64,
+    pub n: u64,
+    pub batch: u64,
+    pub seed: u64,
+    pub scale_items: u64,
+    pub status_ptr: u64,
+    pub op: u32,
+    pub tile_period: u32,
+    pub tile_offset: u32,
+    pub tile_min_m: u32,
+    pub fill_code: u32,
+    pub reserved: u32,
+}
+
+const _: () = {
+    assert!(size_of::<QsInjectParams>() == 248);
+    assert!(offset_of!(QsInjectParams, src) == 48 && offset_of!(QsInjectParams, dst) == 112);
+    assert!(offset_of!(QsInjectParams, m) == 176 && offset_of!(QsInjectParams, op) == 224);
+};
+
+// SAFETY: #[repr(C)], plain numeric fields, no padding (size and offsets pinned above).
+unsafe impl KernelParams for QsInjectParams {}
+
+impl QsInjectParams {
+    /// Parameters of `qs_inject_output_{d}` applying output class `class` to D at `d_ptr`
+    /// (in place), with the seed the host transform uses (`inject::apply_output_fault`).
+    pub fn output(
+        p: &GemmProblem,
+        class: crate::inject::FaultClass,
+        d_ptr: u64,
+        seed: u64,
+        status_ptr: u64,
+    ) -> Result<QsInjectParams, AbiError> {
+        use crate::inject::{FaultClass, TILE_MIN_M, TILE_OFFSET, TILE_PERIOD};
+        p.validate()?;
+        let op = match class {
+            FaultClass::Garbage => INJECT_GARBAGE,
+            FaultClass::FnAsFnuz => INJECT_HALF,
+            FaultClass::TileRows => INJECT_TILE_ROWS,
+            FaultClass::Nan => INJECT_NAN,
+            FaultClass::ZeroAfterFirst => INJECT_ZERO,
+            _ => return Err(AbiError::Inject { reason: format!("{class} is not an output transform") }),
+        };
+        if let Some(reason) = crate::inject::output_obstacle(p, class) {
+            return Err(AbiError::Inject { reason });
+        }
+        check_aligned("d", d_ptr, p.d.format)?;
+        Ok(QsInjectParams {
+            d: QsMatrixDesc::new(&p.d, d_ptr, Transpose::N, p.m, p.n, p.batch),
+            m: p.m,
+            n: p.n,
+            batch: p.batch,
+            seed,
+            status_ptr,
+            op,
+            tile_period: TILE_PERIOD as u32,
+            tile_offset: TILE_OFFSET as u32,
+            tile_min_m: TILE_MIN_M as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Parameters of `qs_inject_scale` writing the rewritten copy of `operand`'s scales
+    /// (`inject::prepare_scale_fault`) from `src_ptr` (the caller's buffer) to `dst_ptr` (a
+    /// buffer of the same size, pre-filled with a copy of the source when the declared grid
+    /// has ld padding the kernel does not touch).
+    pub fn scale(
+        p: &GemmProblem,
+        operand: crate::inject::Operand,
+        rewrite: crate::inject::ScaleRewrite,
+        src_ptr: u64,
+        dst_ptr: u64,
+        status_ptr: u64,
+    ) -> Result<QsInjectParams, AbiError> {
+        use crate::inject::{flipped_storage, one_code, transpose_obstacle, Operand, ScaleRewrite};
+        p.validate()?;
+        let (outer, spec) = match operand {
+            Operand::A => (p.m, p.a_scale),
+            Operand::B => (p.n, p.b_scale),
+        };
+        let spec =
+            spec.ok_or_else(|| AbiError::Inject { reason: format!("{} has no scales", operand.name()) })?;
+        let items = if spec.batch_stride == 0 { 1 } else { p.batch };
+        let dst = QsScaleDesc::from_spec(&spec, dst_ptr, outer, p.k, items)?;
+        let (op, src) = match rewrite {
+            ScaleRewrite::Ones => (INJECT_SCALE_FILL, QsScaleDesc::default()),
+            ScaleRewrite::Transposed => {
+                if let Some(reason) = transpose_obstacle(p, operand) {
+                    return Err(AbiError::Inject { reason });
+                }
+                let flipped = flipped_storage(&spec).expect("plain storage");
+                (INJECT_SCALE_TRANSPOSE, QsScaleDesc::from_spec(&flipped, src_ptr, outer, p.k, items)?)
+            }
+        };
+        check_aligned("scale src", src_ptr, spec.format)?;
+        check_aligned("scale dst", dst_ptr, spec.format)?;
+        Ok(QsInjectParams {
+            src,
+            dst,
+            scale_items: items,
+            status_ptr,
+            op,
+            fill_code: one_code(spec.format),
+            ..Default::default()
+        })
+    }
+}
+
+/// `qs_inject_output_{d}`: one 256-thread block per row, grid-stride beyond 65535 rows.
+pub fn inject_output_launch(params: &QsInjectParams) -> Result<LaunchConfig, AbiError> {
+    LaunchConfig::new([(params.batch * params.m).clamp(1, 65_535), 1, 1], BLOCK_THREADS)
+}
+
+/// `qs_inject_scale`: one thread per scale entry, grid-stride beyond 4096 blocks.
+pub fn inject_scale_launch(params: &QsInjectParams) -> Result<LaunchConfig, AbiError> {
+    let entries = params.scale_items * params.dst.grid_outer as u64 * params.dst.grid_inner as u64;
+    LaunchConfig::new([entries.div_ceil(BLOCK_THREADS as u64).clamp(1, 4096), 1, 1], BLOCK_THREADS)
+}
+
+impl KernelBuild {
+    /// `qs_inject.cu` for D's format: `qs_inject_output_{d}`, `qs_inject_scale`. D must be an
+    /// element format of 8 bits or more.
+    pub fn inject(d: Format) -> Result<KernelBuild, AbiError> {
+        let d = operand_format("d", d)?;
+        if d.bits() < 8 {
+            return Err(AbiError::Inject { reason: format!("D format {d} is packed 4-bit") });
+        }
+        Ok(KernelBuild {
+            source: KernelSource::Inject,
+            defines: vec![("QS_D_FMT".into(), (d as u8).to_string())],
+            entries: vec![
+                KernelEntry { name: format!("qs_inject_output_{}", d.name()), params: ParamKind::Inject },
+                KernelEntry { name: "qs_inject_scale".into(), params: ParamKind::Inject },
+            ],
+        })
+    }
+}
+
+#[cfg(test)]
+mod inject_tests {
+    use super::*;
+    use crate::inject::{FaultClass, Operand, ScaleRewrite};
+
+    #[test]
+    fn inject_params_and_build() {
+        let mut p = GemmProblem::row_major(64, 96, 512, Format::E4m3fn, Format::E4m3fn, Format::Bf16);
+        p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Block { outer: 1, inner: 128 }, Format::F32));
+        let o = QsInjectParams::output(&p, FaultClass::Garbage, 0x1000, 9, 0).unwrap();
+        assert_eq!((o.op, o.m, o.n, o.d.extent, o.tile_period), (INJECT_GARBAGE, 64, 96, 64 * 96, 16));
+        assert_eq!(inject_output_launch(&o).unwrap().grid, [64, 1, 1]);
+        assert!(QsInjectParams::output(&p, FaultClass::ScaleIgnore, 0x1000, 0, 0).is_err());
+        let s = QsInjectParams::scale(&p, Operand::A, ScaleRewrite::Transposed, 0x2000, 0x3000, 0).unwrap();
+        assert_eq!(
+            (s.op, s.src.storage, s.dst.storage),
+            (INJECT_SCALE_TRANSPOSE, SCALE_INNER_MAJOR, SCALE_OUTER_MAJOR)
+        );
+        assert_eq!((s.src.ld, s.dst.ld, s.dst.grid_outer, s.dst.grid_inner), (64, 4, 64, 4));
+        // The device's entry mapping of both sides is the host transform's.
+        let spec = p.a_scale.unwrap();
+        let flipped = crate::inject::flipped_storage(&spec).unwrap();
+        for (o_, i) in [(0u64, 0u64), (5, 3), (63, 1)] {
+            assert_eq!(s.dst.entry(0, o_, i * 128), spec.entry_index(o_, i, (64, 4)));
+            assert_eq!(s.src.entry(0, o_, i * 128), flipped.entry_index(o_, i, (64, 4)));
+        }
+        let f = QsInjectParams::scale(&p, Operand::A, ScaleRewrite::Ones, 0, 0x3000, 0).unwrap();
+        assert_eq!((f.op, f.fill_code), (INJECT_SCALE_FILL, 0x3F80_0000));
+        assert!(QsInjectParams::scale(&p, Operand::B, ScaleRewrite::Ones, 0, 0x3000, 0).is_err());
+        let b = KernelBuild::inject(Format::Bf16).unwrap();
+        let names: Vec<&str> = b.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["qs_inject_output_bf16", "qs_inject_scale"]);
+        assert!(KernelBuild::inject(Format::E2m1).is_err());
     }
 }
