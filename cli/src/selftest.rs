@@ -925,7 +925,16 @@ fn gpu_sketch_weight_change(checker: &GpuChecker) -> Outcome {
         let status = |tag: u64| -> Result<u32, String> {
             let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
             checker
-                .sketch_check(&g, rows, &weight, &scratch, problem.a.format, problem.d.format, (9, tag), Stream::default())
+                .sketch_check(
+                    &g,
+                    rows,
+                    &weight,
+                    &scratch,
+                    problem.a.format,
+                    problem.d.format,
+                    (9, tag),
+                    Stream::default(),
+                )
                 .map_err(|e| e.to_string())?;
             checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
             let slot = checker.ring.lock().unwrap().poll().ok_or("no sketch result arrived")?;

@@ -321,7 +321,8 @@ impl GpuBackend {
             let rows = CheckRequest { mode: CheckMode::Rows, ..req.clone() };
             return self.rows_or_full(&rows, g, buffers, stream, capturing);
         }
-        let changes = self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).get(&req.site_id).copied();
+        let changes =
+            self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).get(&req.site_id).copied();
         if changes.is_some_and(|c| c >= WEIGHT_CHANGES_FOR_ROWS) {
             // B keeps changing under the same pointer: not a static weight (an activation in
             // the B slot, recycled memory). A per-weight projection cannot serve it; check a row
@@ -636,7 +637,12 @@ impl Backend for GpuBackend {
         while let Some(slot) = ring.poll() {
             let site_ordinal = self.ordinal_of(slot.tag);
             if slot.status & abi::status::WEIGHT_CHANGED != 0 {
-                *self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).entry(slot.tag).or_insert(0) += 1;
+                *self
+                    .weight_changes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(slot.tag)
+                    .or_insert(0) += 1;
             }
             if !sketch::slot_is_valid(&slot) {
                 out.push(Polled::Failed { site_ordinal, reason: status_reason(slot.status) });
