@@ -284,6 +284,120 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
     out.extend(gpu_compare(checker));
     out.extend(gpu_compare_logits(checker));
     out.extend(gpu_sketch(checker, quick));
+    out.extend(gpu_inject(checker));
+    out
+}
+
+/// Fault-injection kernels (`qs_inject.cu`) against the host transforms (`inject`): the same
+/// bytes, for every output class and D format, and for the scale rewrites.
+fn gpu_inject(checker: &GpuChecker) -> Vec<Outcome> {
+    use quantshadow_runtime::inject::{self, FaultClass, Operand, ScaleRewrite};
+    let mut out = Vec::new();
+    let status = match checker.alloc_zeroed(4) {
+        Ok(b) => b,
+        Err(e) => return vec![error_outcome("inject", "status word", e)],
+    };
+    for d_fmt in [Format::F32, Format::F16, Format::Bf16] {
+        for m in [1u64, 57, 64] {
+            let mut problem = scheme_problem("bf16", m, 300, 64);
+            problem.d = quantshadow_runtime::problem::MatrixLayout::packed(
+                d_fmt,
+                quantshadow_runtime::problem::Order::RowMajor,
+                m,
+                300,
+            );
+            for class in [
+                FaultClass::Garbage,
+                FaultClass::FnAsFnuz,
+                FaultClass::TileRows,
+                FaultClass::Nan,
+                FaultClass::ZeroAfterFirst,
+            ] {
+                let case = format!("{} {d_fmt} M={m}", class.name());
+                let run = || -> Result<Option<Outcome>, String> {
+                    let n = (m * 300) as usize;
+                    let mut rng = SplitMix64::new(0x1e7 + m);
+                    let mut d = vec![0u8; d_fmt.bytes_for(n)];
+                    for i in 0..n {
+                        d_fmt.store_code(&mut d, i, d_fmt.encode(rng.normal()));
+                    }
+                    let seed = 0xfa017 + m;
+                    let mut host = d.clone();
+                    match inject::apply_output_fault(&problem, class, &mut host, seed) {
+                        Ok(_) => {}
+                        Err(_) => return Ok(None), // not applicable (tile-rows below M 56): nothing to compare
+                    }
+                    let buf = checker.upload(&d).map_err(|e| e.to_string())?;
+                    let params = abi::QsInjectParams::output(&problem, class, buf.ptr, seed, status.ptr)
+                        .map_err(|e| e.to_string())?;
+                    let build = KernelBuild::inject(d_fmt).map_err(|e| e.to_string())?;
+                    let cfg = abi::inject_output_launch(&params).map_err(|e| e.to_string())?;
+                    checker
+                        .launch(
+                            &build,
+                            &format!("qs_inject_output_{}", d_fmt.name()),
+                            &cfg,
+                            &params,
+                            Stream::default(),
+                        )
+                        .map_err(|e| e.to_string())?;
+                    checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+                    let device = buf.read().map_err(|e| e.to_string())?;
+                    let diff = device.iter().zip(&host).filter(|(a, b)| a != b).count();
+                    Ok(Some(outcome(
+                        "inject device=host",
+                        case.clone(),
+                        diff == 0,
+                        format!("{diff} bytes differ of {}", host.len()),
+                    )))
+                };
+                match run() {
+                    Ok(Some(o)) => out.push(o),
+                    Ok(None) => {}
+                    Err(e) => out.push(error_outcome("inject", case, e)),
+                }
+            }
+        }
+    }
+    for (class, rewrite) in [
+        (FaultClass::ScaleTranspose, ScaleRewrite::Transposed),
+        (FaultClass::ScaleIgnore, ScaleRewrite::Ones),
+    ] {
+        let case = format!("{} fp8-block128 A scales", class.name());
+        let run = || -> Result<Outcome, String> {
+            let problem = scheme_problem("fp8-block128", 200, 256, 512);
+            let inputs = random_inputs(&problem, 0x5ca1e).map_err(|e| e.to_string())?;
+            let src = inputs.a_scale.as_ref().ok_or("no A scales")?;
+            let host =
+                inject::prepare_scale_fault(&problem, class, Operand::A, src).map_err(|e| e.to_string())?;
+            let src_buf = checker.upload(src).map_err(|e| e.to_string())?;
+            let dst_buf = checker.alloc_zeroed(host.len().max(src.len())).map_err(|e| e.to_string())?;
+            let params = abi::QsInjectParams::scale(
+                &problem,
+                Operand::A,
+                rewrite,
+                src_buf.ptr,
+                dst_buf.ptr,
+                status.ptr,
+            )
+            .map_err(|e| e.to_string())?;
+            let build = KernelBuild::inject(problem.d.format).map_err(|e| e.to_string())?;
+            let cfg = abi::inject_scale_launch(&params).map_err(|e| e.to_string())?;
+            checker
+                .launch(&build, "qs_inject_scale", &cfg, &params, Stream::default())
+                .map_err(|e| e.to_string())?;
+            checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+            let device = dst_buf.read().map_err(|e| e.to_string())?;
+            let diff = device[..host.len()].iter().zip(&host).filter(|(a, b)| a != b).count();
+            Ok(outcome(
+                "inject device=host",
+                case.clone(),
+                diff == 0,
+                format!("{diff} bytes differ of {}", host.len()),
+            ))
+        };
+        out.push(run().unwrap_or_else(|e| error_outcome("inject", case, e)));
+    }
     out
 }
 
