@@ -292,27 +292,24 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
 /// bytes, for every output class and D format, and for the scale rewrites.
 fn gpu_inject(checker: &GpuChecker) -> Vec<Outcome> {
     use quantshadow_runtime::inject::{self, FaultClass, Operand, ScaleRewrite};
+    use quantshadow_runtime::problem::{MatrixLayout, Order};
     let mut out = Vec::new();
     let status = match checker.alloc_zeroed(4) {
         Ok(b) => b,
         Err(e) => return vec![error_outcome("inject", "status word", e)],
     };
+    let output_classes = [
+        FaultClass::Garbage,
+        FaultClass::FnAsFnuz,
+        FaultClass::TileRows,
+        FaultClass::Nan,
+        FaultClass::ZeroAfterFirst,
+    ];
     for d_fmt in [Format::F32, Format::F16, Format::Bf16] {
         for m in [1u64, 57, 64] {
             let mut problem = scheme_problem("bf16", m, 300, 64);
-            problem.d = quantshadow_runtime::problem::MatrixLayout::packed(
-                d_fmt,
-                quantshadow_runtime::problem::Order::RowMajor,
-                m,
-                300,
-            );
-            for class in [
-                FaultClass::Garbage,
-                FaultClass::FnAsFnuz,
-                FaultClass::TileRows,
-                FaultClass::Nan,
-                FaultClass::ZeroAfterFirst,
-            ] {
+            problem.d = MatrixLayout::packed(d_fmt, Order::RowMajor, m, 300);
+            for class in output_classes {
                 let case = format!("{} {d_fmt} M={m}", class.name());
                 let run = || -> Result<Option<Outcome>, String> {
                     let n = (m * 300) as usize;
@@ -323,33 +320,17 @@ fn gpu_inject(checker: &GpuChecker) -> Vec<Outcome> {
                     }
                     let seed = 0xfa017 + m;
                     let mut host = d.clone();
-                    match inject::apply_output_fault(&problem, class, &mut host, seed) {
-                        Ok(_) => {}
-                        Err(_) => return Ok(None), // not applicable (tile-rows below M 56): nothing to compare
+                    if inject::apply_output_fault(&problem, class, &mut host, seed).is_err() {
+                        return Ok(None); // not applicable (tile-rows below M 56): nothing to compare
                     }
                     let buf = checker.upload(&d).map_err(|e| e.to_string())?;
                     let params = abi::QsInjectParams::output(&problem, class, buf.ptr, seed, status.ptr)
                         .map_err(|e| e.to_string())?;
-                    let build = KernelBuild::inject(d_fmt).map_err(|e| e.to_string())?;
                     let cfg = abi::inject_output_launch(&params).map_err(|e| e.to_string())?;
-                    checker
-                        .launch(
-                            &build,
-                            &format!("qs_inject_output_{}", d_fmt.name()),
-                            &cfg,
-                            &params,
-                            Stream::default(),
-                        )
-                        .map_err(|e| e.to_string())?;
-                    checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
-                    let device = buf.read().map_err(|e| e.to_string())?;
-                    let diff = device.iter().zip(&host).filter(|(a, b)| a != b).count();
-                    Ok(Some(outcome(
-                        "inject device=host",
-                        case.clone(),
-                        diff == 0,
-                        format!("{diff} bytes differ of {}", host.len()),
-                    )))
+                    let entry = format!("qs_inject_output_{}", d_fmt.name());
+                    let run =
+                        InjectRun { d_format: d_fmt, entry: &entry, cfg, params, out: &buf, expected: &host };
+                    run.compare(checker, &case).map(Some)
                 };
                 match run() {
                     Ok(Some(o)) => out.push(o),
@@ -359,10 +340,11 @@ fn gpu_inject(checker: &GpuChecker) -> Vec<Outcome> {
             }
         }
     }
-    for (class, rewrite) in [
+    let scale_classes = [
         (FaultClass::ScaleTranspose, ScaleRewrite::Transposed),
         (FaultClass::ScaleIgnore, ScaleRewrite::Ones),
-    ] {
+    ];
+    for (class, rewrite) in scale_classes {
         let case = format!("{} fp8-block128 A scales", class.name());
         let run = || -> Result<Outcome, String> {
             let problem = scheme_problem("fp8-block128", 200, 256, 512);
@@ -381,24 +363,44 @@ fn gpu_inject(checker: &GpuChecker) -> Vec<Outcome> {
                 status.ptr,
             )
             .map_err(|e| e.to_string())?;
-            let build = KernelBuild::inject(problem.d.format).map_err(|e| e.to_string())?;
             let cfg = abi::inject_scale_launch(&params).map_err(|e| e.to_string())?;
-            checker
-                .launch(&build, "qs_inject_scale", &cfg, &params, Stream::default())
-                .map_err(|e| e.to_string())?;
-            checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
-            let device = dst_buf.read().map_err(|e| e.to_string())?;
-            let diff = device[..host.len()].iter().zip(&host).filter(|(a, b)| a != b).count();
-            Ok(outcome(
-                "inject device=host",
-                case.clone(),
-                diff == 0,
-                format!("{diff} bytes differ of {}", host.len()),
-            ))
+            let run = InjectRun {
+                d_format: problem.d.format,
+                entry: "qs_inject_scale",
+                cfg,
+                params,
+                out: &dst_buf,
+                expected: &host,
+            };
+            run.compare(checker, &case)
         };
         out.push(run().unwrap_or_else(|e| error_outcome("inject", case, e)));
     }
     out
+}
+
+/// One inject kernel launch whose output buffer must hold the host transform's bytes.
+struct InjectRun<'a> {
+    d_format: Format,
+    entry: &'a str,
+    cfg: abi::LaunchConfig,
+    params: abi::QsInjectParams,
+    out: &'a DeviceBuffer,
+    expected: &'a [u8],
+}
+
+impl InjectRun<'_> {
+    fn compare(&self, checker: &GpuChecker, case: &str) -> Result<Outcome, String> {
+        let build = KernelBuild::inject(self.d_format).map_err(|e| e.to_string())?;
+        checker
+            .launch(&build, self.entry, &self.cfg, &self.params, Stream::default())
+            .map_err(|e| e.to_string())?;
+        checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
+        let device = self.out.read().map_err(|e| e.to_string())?;
+        let n = self.expected.len();
+        let diff = device.get(..n).map_or(n, |d| d.iter().zip(self.expected).filter(|(a, b)| a != b).count());
+        Ok(outcome("inject device=host", case, diff == 0, format!("{diff} bytes differ of {n}")))
+    }
 }
 
 fn upload_inputs(
