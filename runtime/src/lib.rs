@@ -19,6 +19,7 @@ pub mod inject;
 pub mod intercept;
 pub mod metrics;
 pub mod oracle;
+pub mod policy;
 pub mod problem;
 pub mod quantize;
 pub mod record;

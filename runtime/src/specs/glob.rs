@@ -33,6 +33,11 @@ impl Glob {
     }
 }
 
+/// Whether `name` matches `pattern` (checked with [`Glob::new`] beforehand).
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    glob_match(pattern.as_bytes(), name.as_bytes())
+}
+
 /// Iterative matcher with single-star backtracking: O(len(p) * len(s)) worst case.
 fn glob_match(p: &[u8], s: &[u8]) -> bool {
     let (mut pi, mut si) = (0usize, 0usize);
