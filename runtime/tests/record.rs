@@ -9,8 +9,9 @@ use quantshadow_runtime::problem::{
     Activation, ComputeType, Order, ScaleGranularity, ScaleSpec, ScaleStorage, Transpose,
 };
 use quantshadow_runtime::record::{
-    decode, encode, flags, CheckMode, ClosingRecord, Encoder, GemmObservation, KeyValue, LogitsRow,
-    ProblemSummary, Record, RecordError, SessionRecord, SkipCount, SCHEMA_MAJOR, SCHEMA_MINOR,
+    decode, encode, flags, CheckMode, ClosingRecord, DiagnosisRecord, Encoder, ErrorMapSummary,
+    GemmObservation, KeyValue, LogitsRow, ProblemSummary, ReadingSummary, Record, RecordError,
+    RowPeriodSummary, SessionRecord, SkipCount, SCHEMA_MAJOR, SCHEMA_MINOR,
 };
 use quantshadow_runtime::rng::SplitMix64;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -296,7 +297,72 @@ fn sample_records() -> Vec<Record> {
         Record::Observation(some_options),
         Record::Closing(closing_full()),
         Record::Closing(closing_minimal()),
+        Record::Diagnosis(diagnosis_full()),
+        Record::Diagnosis(diagnosis_minimal()),
     ]
+}
+
+fn diagnosis_full() -> DiagnosisRecord {
+    let reading = |id: &str, declared: bool, cosine: f64, explains: bool| ReadingSummary {
+        id: id.into(),
+        description: format!("reading {id}"),
+        declared,
+        cosine,
+        nmse: -0.0,
+        norm_ratio: 1.0,
+        nonfinite_mismatch: u64::MAX,
+        explains,
+    };
+    DiagnosisRecord {
+        session_id: 7,
+        site_id: u64::MAX,
+        site_ordinal: u32::MAX,
+        call_seq: 42,
+        rows: 256,
+        readings: vec![
+            reading("a-scales-inner-major", false, 0.99999, true),
+            reading("declared", true, 0.41, false),
+        ],
+        skipped: vec![KeyValue { key: "B scales ignored".into(), value: "no B scales".into() }],
+        explanation: Some("a-scales-inner-major".into()),
+        equivalent: vec!["A and B scales swapped".into()],
+        text: "production matches the reference with A scales read column-major".into(),
+        recommendation: Some("check the scale layout".into()),
+        error_map: Some(ErrorMapSummary {
+            m: 4096,
+            rows_checked: 256,
+            bad_rows: vec![15, 31, 47],
+            bad_rows_total: 3,
+            row_period: Some(RowPeriodSummary { period: 16, offset: 15, first_row: 15 }),
+            col_block: 128,
+            col_blocks: 32,
+            bad_col_blocks: vec![0, 31],
+            bad_a_scale_blocks: Some(vec![]),
+            bad_b_scale_blocks: None,
+            summary: "bad rows: every 16th row".into(),
+        }),
+        scale_layout: vec!["A scales: none".into(), "B scales: per-tensor".into()],
+        timestamp_ns: 1,
+    }
+}
+
+fn diagnosis_minimal() -> DiagnosisRecord {
+    DiagnosisRecord {
+        session_id: 0,
+        site_id: 0,
+        site_ordinal: 0,
+        call_seq: 0,
+        rows: 0,
+        readings: vec![],
+        skipped: vec![],
+        explanation: None,
+        equivalent: vec![],
+        text: String::new(),
+        recommendation: None,
+        error_map: None,
+        scale_layout: vec![],
+        timestamp_ns: 0,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -531,6 +597,7 @@ fn envelope_carries_identifier_and_current_version() {
             Record::Session(_) => fb::Record::Session,
             Record::Observation(_) => fb::Record::Observation,
             Record::Closing(_) => fb::Record::Closing,
+            Record::Diagnosis(_) => fb::Record::Diagnosis,
         };
         assert_eq!(envelope.record_type(), expected);
     }
@@ -717,7 +784,7 @@ fn unknown_enum_values_are_reported_by_type() {
         })
     };
     let cases: Vec<(Vec<u8>, &str, i64)> = vec![
-        (envelope_with(SCHEMA_MAJOR, 0, |b| (fb::Record(4), session_payload(b).1)), "Record", 4),
+        (envelope_with(SCHEMA_MAJOR, 0, |b| (fb::Record(5), session_payload(b).1)), "Record", 5),
         (envelope_with(SCHEMA_MAJOR, 0, |b| (fb::Record(255), session_payload(b).1)), "Record", 255),
         (
             envelope_with(SCHEMA_MAJOR, 0, |b| observation_payload(b, fb::CheckMode(4), Default::default())),

@@ -85,6 +85,8 @@ impl ReportBuilder {
             // Only one closing record is expected; the last one has the final counts.
             Record::Closing(c) => session.closing = Some(c.clone()),
             Record::Observation(o) => session.observe(o, &self.thresholds),
+            // Diagnoses of failing sites; rendered with their site (issue 6).
+            Record::Diagnosis(d) => session.diagnoses.push(d.clone()),
         }
     }
 
@@ -142,6 +144,7 @@ struct SessionAcc {
     calls_checked: u64,
     calls_failed: u64,
     nonfinite_calls: u64,
+    diagnoses: Vec<quantshadow_runtime::record::DiagnosisRecord>,
 }
 
 impl SessionAcc {
@@ -156,6 +159,7 @@ impl SessionAcc {
             calls_checked: 0,
             calls_failed: 0,
             nonfinite_calls: 0,
+            diagnoses: Vec::new(),
         }
     }
 

@@ -143,7 +143,18 @@ pub fn diagnose(
             }
         }
     }
-    let declared = results[0].clone();
+    rank(results, skipped)
+        .ok_or_else(|| DiagnosisError::Declared("no result for the declared reading".into()))
+}
+
+/// Ranks evaluated readings (fewest NaN/Inf disagreements, then highest cosine, then smallest
+/// |1 - norm ratio|; the declared reading wins ties) and words the result. Shared by the host
+/// diagnosis above and the device backends, which evaluate readings with their own kernels.
+/// `None` when `results` has no declared reading.
+pub fn rank(mut results: Vec<ReadingResult>, skipped: Vec<(Reading, String)>) -> Option<Diagnosis> {
+    let at = results.iter().position(|r| r.reading.kind == ReadingKind::Declared)?;
+    let declared = results.remove(at);
+    results.insert(0, declared.clone());
     // Stable: the declared reading (first) wins exact ties.
     results.sort_by(|a, b| a.key().partial_cmp(&b.key()).unwrap_or(std::cmp::Ordering::Equal));
     let best = results[0].clone();
@@ -190,7 +201,66 @@ pub fn diagnose(
         }
     };
     let recommendation = explanation.as_ref().map(|e| e.reading.recommendation().to_string());
-    Ok(Diagnosis { declared, ranked: results, skipped, explanation, equivalent, text, recommendation })
+    Some(Diagnosis { declared, ranked: results, skipped, explanation, equivalent, text, recommendation })
+}
+
+/// The record of a diagnosis pass (`session_id` and timestamp filled by the sender).
+pub fn to_record(
+    d: &Diagnosis,
+    site: (u64, u32),
+    call_seq: u64,
+    rows: u64,
+    map: Option<&ErrorMap>,
+    problem: &GemmProblem,
+) -> crate::record::DiagnosisRecord {
+    use crate::record::{DiagnosisRecord, ErrorMapSummary, KeyValue, ReadingSummary, RowPeriodSummary};
+    let summary = |r: &ReadingResult| ReadingSummary {
+        id: r.reading.id.clone(),
+        description: r.reading.description.clone(),
+        declared: r.reading.kind == ReadingKind::Declared,
+        cosine: r.metrics.cosine,
+        nmse: r.metrics.nmse,
+        norm_ratio: r.metrics.norm_ratio,
+        nonfinite_mismatch: r.nonfinite_mismatch,
+        explains: r.explains(),
+    };
+    let error_map = map.map(|e| ErrorMapSummary {
+        m: e.m,
+        rows_checked: e.rows_checked,
+        bad_rows: e.bad_rows.iter().copied().take(ErrorMapSummary::MAX_ROWS).collect(),
+        bad_rows_total: e.bad_rows.len() as u64,
+        row_period: e.row_period.map(|p| RowPeriodSummary {
+            period: p.period,
+            offset: p.offset,
+            first_row: p.first_row,
+        }),
+        col_block: e.col_block,
+        col_blocks: e.col_blocks,
+        bad_col_blocks: e.bad_col_blocks.clone(),
+        bad_a_scale_blocks: e.bad_a_scale_blocks.clone(),
+        bad_b_scale_blocks: e.bad_b_scale_blocks.clone(),
+        summary: e.summary.clone(),
+    });
+    DiagnosisRecord {
+        session_id: 0,
+        site_id: site.0,
+        site_ordinal: site.1,
+        call_seq,
+        rows,
+        readings: d.ranked.iter().map(summary).collect(),
+        skipped: d
+            .skipped
+            .iter()
+            .map(|(r, why)| KeyValue { key: r.description.clone(), value: why.clone() })
+            .collect(),
+        explanation: d.explanation.as_ref().map(|e| e.reading.id.clone()),
+        equivalent: d.equivalent.iter().map(|r| r.description.clone()).collect(),
+        text: d.text.clone(),
+        recommendation: d.recommendation.clone(),
+        error_map,
+        scale_layout: scale_layout_summary(problem).split("; ").map(str::to_string).collect(),
+        timestamp_ns: 0,
+    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,11 @@
 //! never blocks the caller's stream on the host, never synchronises a capturing stream, and
 //! turns every failure into a `Skip` with a reason (counted by the engine).
 
+use crate::inject::{CallRewrite, FaultClass};
 use crate::intercept::{InterceptedGemm, Skip};
 use crate::metrics::{LogitsMetrics, Metrics};
-use crate::record::{CheckMode, LogitsRow};
+use crate::record::{CheckMode, DiagnosisRecord, LogitsRow};
+use crate::thresholds::Thresholds;
 use std::any::Any;
 
 /// Sketch settings of a check (DESIGN.md "Checking without paying for a second GEMM").
@@ -44,7 +46,44 @@ pub struct CheckRequest<'a> {
     /// the backend records the check with this rule decided on the device at every replay
     /// (where it can; otherwise it records it unconditionally).
     pub device_gate: Option<super::config::Sampling>,
+    /// Whether this call's check also diagnoses the site (see [`Diagnose`]).
+    pub diagnose: Diagnose,
+    /// Thresholds a backend judges with when it diagnoses failing checks itself.
+    pub thresholds: &'a Thresholds,
 }
+
+/// Diagnosis of a site (issue 6): the reference re-run under alternative readings of the
+/// contract ([`crate::diagnosis::alternatives`]), ranked against production, plus the error
+/// map of the declared reading. Decided by the engine per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Diagnose {
+    No,
+    /// A backend that judges its checks as they finish (the host) diagnoses this call if its
+    /// check fails `thresholds`, and attaches the result to the outcome. Backends that learn
+    /// results later (GPU) ignore it: the engine asks [`Backend::diagnose`] on a later call.
+    IfFailing,
+}
+
+/// The faults planted into one call (`QUANTSHADOW_INJECT`), as a backend applies them.
+/// Before-call rewrites act on the caller's buffers in place (the original bytes are saved
+/// first and put back right after the real call, before any check reads them); output
+/// transforms rewrite D in place after the call.
+#[derive(Debug, Clone)]
+pub struct InjectRequest<'a> {
+    pub call: &'a InterceptedGemm,
+    /// From [`crate::inject::plan_call`]: `ReplaceScale` (a scale buffer rewritten to its
+    /// transposed layout or to ones) and `FlipTranspose` (the operand's elements permuted so
+    /// that the declared call computes the flipped one, [`crate::inject::prepare_transpose_fault`]).
+    pub before: Vec<CallRewrite>,
+    /// Output classes, applied in this order.
+    pub after: Vec<FaultClass>,
+    /// Seed of the noise and the NaN position ([`crate::inject::InjectPlan::seed`]).
+    pub seed: u64,
+}
+
+/// What `inject_before` saved for `inject_after` (backend-specific).
+#[derive(Default)]
+pub struct Injected(pub Option<Box<dyn Any + Send>>);
 
 /// What `before_call` kept for `after_call` (backend-specific).
 #[derive(Default)]
@@ -66,6 +105,9 @@ pub struct CheckOutcome {
     pub logits_rows: Vec<LogitsRow>,
     /// `record::flags` bits.
     pub flags: u32,
+    /// A diagnosis made with the check ([`Diagnose::IfFailing`]); `session_id` and timestamp
+    /// are filled by the engine.
+    pub diagnosis: Option<Box<DiagnosisRecord>>,
 }
 
 /// A result the backend could not produce after all (device status flags, bad descriptor):
@@ -73,7 +115,17 @@ pub struct CheckOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Polled {
     Done(Box<CheckOutcome>),
-    Failed { site_ordinal: u32, reason: String },
+    Failed {
+        site_ordinal: u32,
+        reason: String,
+    },
+    /// A diagnosis pass asked for with [`Backend::diagnose`] finished.
+    Diagnosis(Box<DiagnosisRecord>),
+    /// A diagnosis pass could not finish after it was started (counted as a skip).
+    DiagnosisFailed {
+        site_id: u64,
+        reason: String,
+    },
 }
 
 /// The executing side of the engine.
@@ -96,5 +148,23 @@ pub trait Backend: Send + Sync {
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0
+    }
+    /// Before the real call: rewrites the inputs named by `request.before` in place, saving
+    /// what it overwrites. Err: nothing was changed (the call runs unfaulted, counted).
+    fn inject_before(&self, _request: &InjectRequest) -> Result<Injected, Skip> {
+        Err(Skip::new("fault injection is not supported by this backend"))
+    }
+    /// After the real call: puts back what `inject_before` saved, then applies the output
+    /// classes to D. Runs even when the call failed, so the caller's inputs are always restored.
+    fn inject_after(&self, _request: &InjectRequest, _saved: Injected) -> Result<(), Skip> {
+        Err(Skip::new("fault injection is not supported by this backend"))
+    }
+    /// Starts a diagnosis pass over this call (after the real call and any check of it):
+    /// every reading of [`crate::diagnosis::alternatives`] evaluated on a row sample, ranked
+    /// with [`crate::diagnosis::rank`], with the error map of the declared reading. The result
+    /// comes back through `poll` as [`Polled::Diagnosis`]. Err: not started (counted; the
+    /// engine asks again on a later call of the site, a bounded number of times).
+    fn diagnose(&self, _request: &CheckRequest) -> Result<(), Skip> {
+        Err(Skip::new("diagnosis is not supported by this backend"))
     }
 }

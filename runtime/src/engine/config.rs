@@ -1,8 +1,12 @@
 //! Configuration from the environment. An invalid value never aborts the host: it gives one
 //! clear log line and the safe default.
 
+use crate::inject::InjectPlan;
+use crate::policy::Policy;
 use crate::record::CheckMode;
+use crate::thresholds::Thresholds;
 use crate::transport::Address;
+use std::sync::Arc;
 
 /// `QUANTSHADOW_MODE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +105,28 @@ pub enum DeviceChoice {
     Host,
 }
 
+/// `QUANTSHADOW_DIAGNOSE`: when a site gets a diagnosis pass (issue 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiagnoseMode {
+    Off,
+    /// A site whose check fails is diagnosed once (the failing call itself where the backend
+    /// judges its own checks, else its next call).
+    OnFail,
+    /// Every site is diagnosed once, at its first checked call (offline validation: the
+    /// report then shows a scale-layout analysis and the best reading for every site).
+    EverySite,
+}
+
+impl DiagnoseMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiagnoseMode::Off => "off",
+            DiagnoseMode::OnFail => "on-fail",
+            DiagnoseMode::EverySite => "every-site",
+        }
+    }
+}
+
 /// Log verbosity (`QUANTSHADOW_LOG`: error | warn | info | debug; default warn).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
@@ -129,6 +155,15 @@ pub struct Config {
     /// `QUANTSHADOW_COMPILE=sync`: the first call needing a kernel waits for its compile
     /// (offline validation); default `async`: such calls are skipped until it is ready.
     pub sync_compile: bool,
+    /// `QUANTSHADOW_INJECT`: faults planted on purpose (testing the detector).
+    pub inject: Option<Arc<InjectPlan>>,
+    /// `QUANTSHADOW_POLICY`: backend rules (and the file's text) recorded with the session for
+    /// the report, which evaluates them per site.
+    pub policy: Option<(Policy, String)>,
+    /// `QUANTSHADOW_THRESHOLDS`: thresholds the shim judges checks by (which sites to
+    /// diagnose); the report judges with its own (`--thresholds`).
+    pub thresholds: Arc<Thresholds>,
+    pub diagnose: DiagnoseMode,
     /// Problems with the environment, logged once at start.
     pub warnings: Vec<String>,
 }
@@ -229,6 +264,50 @@ impl Config {
                 }
             },
         };
+        let inject = match get(crate::inject::ENV_VAR) {
+            None => None,
+            Some(v) => match InjectPlan::from_spec_str(&v) {
+                Ok(plan) => plan.map(Arc::new),
+                Err(e) => {
+                    bad.push(format!("{e}; no fault is injected"));
+                    None
+                }
+            },
+        };
+        let policy = parsed(crate::policy::ENV_VAR).and_then(|path| {
+            let path = path.trim();
+            let loaded = std::fs::read_to_string(path)
+                .map_err(|e| format!("policy {path}: {e}"))
+                .and_then(|text| Policy::parse(&text, path).map(|p| (p, text)).map_err(|e| e.to_string()));
+            match loaded {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    bad.push(format!("{e}; no backend policy is recorded"));
+                    None
+                }
+            }
+        });
+        let thresholds = match parsed("QUANTSHADOW_THRESHOLDS") {
+            None => Thresholds::default(),
+            Some(path) => Thresholds::from_file(std::path::Path::new(path.trim())).unwrap_or_else(|e| {
+                bad.push(format!("QUANTSHADOW_THRESHOLDS: {e}; using the default thresholds"));
+                Thresholds::default()
+            }),
+        };
+        let diagnose = match parsed("QUANTSHADOW_DIAGNOSE") {
+            None => DiagnoseMode::OnFail,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "off" => DiagnoseMode::Off,
+                "on-fail" => DiagnoseMode::OnFail,
+                "every-site" => DiagnoseMode::EverySite,
+                _ => {
+                    bad.push(format!(
+                        "QUANTSHADOW_DIAGNOSE={v:?} is not off, on-fail or every-site; using on-fail"
+                    ));
+                    DiagnoseMode::OnFail
+                }
+            },
+        };
         warnings.append(&mut bad);
         Config {
             mode,
@@ -244,6 +323,10 @@ impl Config {
             pool_bytes: pool_mib << 20,
             names,
             sync_compile,
+            inject,
+            policy,
+            thresholds: Arc::new(thresholds),
+            diagnose,
             warnings,
         }
     }
@@ -258,6 +341,8 @@ impl Config {
             ("rows".into(), self.check_rows.to_string()),
             ("seed".into(), self.seed.to_string()),
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
+            ("diagnose".into(), self.diagnose.name().into()),
+            ("inject".into(), self.inject.as_ref().map_or("none".into(), |p| p.spec_string())),
         ]
     }
 }

@@ -675,6 +675,7 @@ impl Backend for GpuBackend {
                 logits: sketch::slot_logits(&slot),
                 logits_rows: sketch::slot_logits_row(&slot).into_iter().collect(),
                 flags: f,
+                diagnosis: None,
             })));
         }
     }

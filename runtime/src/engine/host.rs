@@ -320,6 +320,7 @@ fn check(
         logits: None,
         logits_rows: Vec::new(),
         flags: 0,
+        diagnosis: None,
     };
     let total = p.batch * p.m;
     let logits_rows = match request.mode {

@@ -12,14 +12,17 @@ pub mod host;
 pub mod log;
 pub mod sites;
 
+use crate::inject::{self, CallRewrite};
 use crate::intercept::{GemmArgs, InterceptedGemm, RealCall};
-use crate::record::{self, CheckMode, ClosingRecord, GemmObservation, ProblemSummary, Record, SessionRecord};
+use crate::record::{
+    self, CheckMode, ClosingRecord, DiagnosisRecord, GemmObservation, ProblemSummary, Record, SessionRecord,
+};
 use crate::transport::{Client, ClientOptions};
-use backend::{Backend, CheckRequest, Polled, SketchSettings};
-use config::{Config, DeviceChoice, Mode};
+use backend::{Backend, CheckRequest, Diagnose, InjectRequest, Polled, SketchSettings};
+use config::{Config, DeviceChoice, DiagnoseMode, Mode};
 use sites::{Sampler, Sites};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,7 +41,33 @@ pub struct Engine {
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     closed: AtomicBool,
+    /// Diagnosis state per site (bounded by DIAGNOSED_SITES_CAP).
+    diagnoses: Mutex<HashMap<u64, DiagState>>,
+    /// Sites waiting for a diagnosis on their next call: while non-zero, calls the sampling
+    /// passes over are still decoded far enough to know their site.
+    diagnoses_wanted: AtomicUsize,
+    /// Diagnosis passes started whose result has not come back (shutdown waits for them).
+    diagnoses_running: AtomicUsize,
 }
+
+/// Where a site's diagnosis stands.
+#[derive(Debug, Default, Clone, Copy)]
+struct DiagState {
+    /// Its next call should be diagnosed.
+    wanted: bool,
+    /// Passes started (`Backend::diagnose` accepted) and results received.
+    started: u32,
+    done: u32,
+    /// Times `Backend::diagnose` declined (kernels compiling, graph capture, busy).
+    declined: u32,
+}
+
+/// Sites whose diagnosis state is kept; further sites are not diagnosed.
+const DIAGNOSED_SITES_CAP: usize = 4096;
+/// A site whose diagnosis the backend keeps declining is given up after this many calls.
+const DIAGNOSIS_DECLINES_MAX: u32 = 64;
+/// Longest the process exit waits for diagnosis passes still running.
+const DIAGNOSIS_EXIT_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Stats {
@@ -52,6 +81,10 @@ struct CallMeta {
     entry: &'static str,
     problem: ProblemSummary,
     site_name: Option<String>,
+    /// A fault was planted into this call (`QUANTSHADOW_INJECT`).
+    injected: bool,
+    /// The kernel that served the call, when the interposer knows it.
+    kernel: Option<String>,
 }
 
 #[derive(Default)]
@@ -95,6 +128,16 @@ pub fn on_gemm<A: GemmArgs>(args: &A, real: &RealCall) -> i32 {
         return real.call();
     };
     engine.gemm(args, real)
+}
+
+/// Runs the real function; a BLAS call's kernel is learnt from the launches it makes.
+fn call_watching_launches<A: GemmArgs>(args: &A, real: &RealCall) -> (i32, Option<String>) {
+    if let Some(kernel) = args.kernel() {
+        return (real.call(), Some(kernel));
+    }
+    let watch = crate::intercept::LaunchWatch::arm();
+    let status = real.call();
+    (status, crate::intercept::launch::served_by(&watch.seen()))
 }
 
 fn now_ns() -> u64 {
@@ -165,6 +208,13 @@ impl Engine {
         if config.mode == Mode::Off {
             return None;
         }
+        if let Some(plan) = &config.inject {
+            // Loud on purpose: results of a faulted run are wrong by design.
+            log::error(&plan.banner());
+            if !matches!(config.mode, Mode::Check(_)) {
+                log::error("fault injection needs a check mode (QUANTSHADOW_MODE=sketch, rows or full): nothing is injected");
+            }
+        }
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
         let session_id = crate::rng::mix64(now_ns() ^ ((pid as u64) << 32) ^ (&config as *const _ as u64));
@@ -185,6 +235,18 @@ impl Engine {
             key: "backend".into(),
             value: backend.as_ref().map_or("none", |b| b.name()).into(),
         });
+        if let Some((policy, text)) = &config.policy {
+            // The report evaluates the rules per site; it needs the process facts they name.
+            settings.push(record::KeyValue { key: "policy".into(), value: policy.origin.clone() });
+            settings.push(record::KeyValue { key: "policy.text".into(), value: text.clone() });
+            let names = policy.env_vars();
+            settings.push(record::KeyValue { key: "policy.env".into(), value: names.join(",") });
+            for name in names {
+                if let Ok(value) = std::env::var(&name) {
+                    settings.push(record::KeyValue { key: format!("env.{name}"), value });
+                }
+            }
+        }
         let session = SessionRecord {
             session_id,
             host: hostname(),
@@ -230,6 +292,9 @@ impl Engine {
             poller: Mutex::new(None),
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            diagnoses: Mutex::new(HashMap::new()),
+            diagnoses_wanted: AtomicUsize::new(0),
+            diagnoses_running: AtomicUsize::new(0),
         };
         // SAFETY: register plain extern "C" functions (run once at exit / in fork children).
         unsafe {
@@ -263,14 +328,21 @@ impl Engine {
                 .backend
                 .as_ref()
                 .is_some_and(|b| args.stream().is_some_and(|s| s != 0 && b.is_capturing(s)));
-        if !sampled && !gated {
+        // Fault injection and pending diagnoses act on calls the sampling passes over too.
+        let extra = self.config.inject.is_some() || self.diagnoses_wanted.load(Ordering::Relaxed) > 0;
+        if !sampled && !gated && !extra {
             return real.call();
         }
-        self.stats.sampled.fetch_add(1, Ordering::Relaxed);
+        let checking = sampled || gated;
+        if checking {
+            self.stats.sampled.fetch_add(1, Ordering::Relaxed);
+        }
         let call = match args.decode() {
             Ok(c) => c,
             Err(skip) => {
-                self.skip(&skip.0);
+                if checking {
+                    self.skip(&skip.0);
+                }
                 return real.call();
             }
         };
@@ -284,9 +356,9 @@ impl Engine {
         let mode = match self.config.mode {
             Mode::Check(m) => m,
             _ => {
-                let status = real.call();
-                if status == 0 {
-                    self.send_observation(&call, &site, call_seq);
+                let (status, kernel) = call_watching_launches(args, real);
+                if status == 0 && checking {
+                    self.send_observation(&call, &site, call_seq, kernel);
                 }
                 return status;
             }
@@ -294,6 +366,11 @@ impl Engine {
         let Some(backend) = self.backend.as_ref() else {
             return real.call();
         };
+        let faults = self.plan_faults(&call, &site, call_seq);
+        let diagnose_now = self.take_diagnosis(site.id, checking);
+        if !checking && faults.is_none() && !diagnose_now {
+            return real.call();
+        }
         let request = CheckRequest {
             call: &call,
             mode,
@@ -309,28 +386,206 @@ impl Engine {
             rows_per_call: self.config.check_rows,
             logits_topk: (mode != CheckMode::Sketch && call.problem.n >= LOGITS_MIN_N).then_some(LOGITS_TOPK),
             device_gate: gated.then_some(self.config.sampling),
+            diagnose: if !diagnose_now && self.diagnose_if_failing(site.id) {
+                Diagnose::IfFailing
+            } else {
+                Diagnose::No
+            },
+            thresholds: &self.config.thresholds,
         };
-        let pre = match backend.before_call(&request) {
-            Ok(p) => p,
-            Err(skip) => {
-                self.skip(&skip.0);
-                return real.call();
+        let pre = if checking {
+            match backend.before_call(&request) {
+                Ok(p) => Some(p),
+                Err(skip) => {
+                    self.skip(&skip.0);
+                    None
+                }
             }
+        } else {
+            None
         };
-        let status = real.call();
+        let saved = faults.as_ref().and_then(|f| match backend.inject_before(f) {
+            Ok(saved) => Some(saved),
+            Err(skip) => {
+                self.inject_note(&format!("fault injection not applied: {}", skip.0));
+                None
+            }
+        });
+        let (status, kernel) = call_watching_launches(args, real);
+        let mut injected = false;
+        if let Some(f) = &faults {
+            // Always after a successful inject_before (it restores the caller's inputs); the
+            // output classes alone also when inject_before was not needed.
+            let run_after = saved.is_some() || f.before.is_empty();
+            if run_after {
+                match backend.inject_after(f, saved.unwrap_or_default()) {
+                    Ok(()) => injected = true,
+                    Err(skip) => self.inject_note(&format!("fault injection not applied: {}", skip.0)),
+                }
+            }
+        }
         if status != 0 {
-            self.skip("the library returned an error status");
+            if checking {
+                self.skip("the library returned an error status");
+            }
             return status;
         }
-        self.remember(call_seq, &call, site.name.clone());
-        match backend.after_call(&request, pre) {
-            Ok(()) => {}
-            Err(skip) => self.skip(&skip.0),
+        if pre.is_some() || diagnose_now {
+            self.remember(call_seq, &call, site.name.clone(), injected, kernel);
+        }
+        if let Some(pre) = pre {
+            if let Err(skip) = backend.after_call(&request, pre) {
+                self.skip(&skip.0);
+            }
+        }
+        if diagnose_now {
+            match backend.diagnose(&request) {
+                Ok(()) => self.diagnosis_started(site.id),
+                Err(skip) => {
+                    self.skip(&format!("diagnosis: {}", skip.0));
+                    self.diagnosis_declined(site.id);
+                }
+            }
         }
         status
     }
 
-    fn remember(&self, call_seq: u64, call: &InterceptedGemm, site_name: Option<String>) {
+    /// The faults `QUANTSHADOW_INJECT` plants into this call, or None. A class that cannot be
+    /// applied to the call is logged once and counted.
+    fn plan_faults<'c>(
+        &self,
+        call: &'c InterceptedGemm,
+        site: &sites::SiteRef,
+        call_seq: u64,
+    ) -> Option<InjectRequest<'c>> {
+        let plan = self.config.inject.as_ref()?;
+        let ordinal = site.ordinal as u64;
+        let set = plan.applies(ordinal, site.name.as_deref().unwrap_or(""), call_seq);
+        if set.is_empty() {
+            return None;
+        }
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        for class in set.iter() {
+            match inject::plan_call(&call.problem, class) {
+                Ok(CallRewrite::Nothing) => after.push(class),
+                Ok(rewrite) => before.push(rewrite),
+                Err(na) => self.inject_note(&format!("fault injection not applied: {na}")),
+            }
+        }
+        if before.is_empty() && after.is_empty() {
+            return None;
+        }
+        Some(InjectRequest { call, before, after, seed: plan.seed(ordinal, call_seq) })
+    }
+
+    /// Counts an injection that did not happen (shown with the skips); warns the first time.
+    fn inject_note(&self, reason: &str) {
+        let first = {
+            let m = self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            !m.contains_key(reason)
+        };
+        if first {
+            log::warn(reason);
+        }
+        self.skip(reason);
+    }
+
+    /// Whether this call should be diagnosed now (its site is waiting for it, or every site
+    /// is diagnosed once and this is its first checked call).
+    fn take_diagnosis(&self, site_id: u64, checking: bool) -> bool {
+        if self.config.diagnose == DiagnoseMode::Off {
+            return false;
+        }
+        let every_site = self.config.diagnose == DiagnoseMode::EverySite && checking;
+        if !every_site && self.diagnoses_wanted.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        if !map.contains_key(&site_id) && map.len() >= DIAGNOSED_SITES_CAP {
+            return false;
+        }
+        let state = map.entry(site_id).or_default();
+        if state.wanted {
+            state.wanted = false;
+            self.diagnoses_wanted.fetch_sub(1, Ordering::Relaxed);
+            return true;
+        }
+        every_site && state.started == 0 && state.done == 0 && state.declined == 0
+    }
+
+    /// Whether a backend that judges its own checks should diagnose this call if it fails.
+    fn diagnose_if_failing(&self, site_id: u64) -> bool {
+        if self.config.diagnose == DiagnoseMode::Off {
+            return false;
+        }
+        let map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&site_id) {
+            None => map.len() < DIAGNOSED_SITES_CAP,
+            Some(s) => s.started == 0 && s.done == 0 && !s.wanted,
+        }
+    }
+
+    fn diagnosis_started(&self, site_id: u64) {
+        self.diagnoses_running.fetch_add(1, Ordering::Relaxed);
+        let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(site_id).or_default().started += 1;
+    }
+
+    fn diagnosis_declined(&self, site_id: u64) {
+        let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        let state = map.entry(site_id).or_default();
+        state.declined += 1;
+        if state.declined < DIAGNOSIS_DECLINES_MAX && !state.wanted {
+            state.wanted = true;
+            self.diagnoses_wanted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A check of `site_id` failed: diagnose the site on its next call, once.
+    fn want_diagnosis(&self, site_id: u64) {
+        if self.config.diagnose == DiagnoseMode::Off {
+            return;
+        }
+        let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        if !map.contains_key(&site_id) && map.len() >= DIAGNOSED_SITES_CAP {
+            return;
+        }
+        let state = map.entry(site_id).or_default();
+        if !state.wanted && state.started == 0 && state.done == 0 && state.declined < DIAGNOSIS_DECLINES_MAX {
+            state.wanted = true;
+            self.diagnoses_wanted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn diagnosis_received(&self, site_id: u64, started_here: bool) {
+        if started_here {
+            let _ = self
+                .diagnoses_running
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+        let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        let state = map.entry(site_id).or_default();
+        state.done += 1;
+        if state.wanted {
+            state.wanted = false;
+            self.diagnoses_wanted.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn send_diagnosis(&self, mut d: DiagnosisRecord) {
+        d.session_id = self.session_id;
+        d.timestamp_ns = now_ns();
+        self.send(&Record::Diagnosis(d));
+    }
+
+    fn remember(
+        &self,
+        call_seq: u64,
+        call: &InterceptedGemm,
+        site_name: Option<String>,
+        injected: bool,
+        kernel: Option<String>,
+    ) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         while p.order.len() >= PENDING_CAP {
             if let Some(old) = p.order.pop_front() {
@@ -340,7 +595,13 @@ impl Engine {
         p.order.push_back(call_seq);
         p.map.insert(
             call_seq,
-            CallMeta { entry: call.entry, problem: ProblemSummary::from(&call.problem), site_name },
+            CallMeta {
+                entry: call.entry,
+                problem: ProblemSummary::from(&call.problem),
+                site_name,
+                injected,
+                kernel,
+            },
         );
     }
 
@@ -350,7 +611,13 @@ impl Engine {
         }
     }
 
-    fn send_observation(&self, call: &InterceptedGemm, site: &sites::SiteRef, call_seq: u64) {
+    fn send_observation(
+        &self,
+        call: &InterceptedGemm,
+        site: &sites::SiteRef,
+        call_seq: u64,
+        kernel: Option<String>,
+    ) {
         let o = GemmObservation {
             session_id: self.session_id,
             site_id: site.id,
@@ -358,7 +625,7 @@ impl Engine {
             site_name: site.name.clone(),
             call_seq,
             entry_point: call.entry.to_string(),
-            backend: None,
+            backend: kernel,
             problem: ProblemSummary::from(&call.problem),
             mode: CheckMode::Observe,
             metrics: None,
@@ -385,16 +652,31 @@ impl Engine {
         for polled in out {
             match polled {
                 Polled::Failed { reason, .. } => self.skip(&reason),
-                Polled::Done(o) => {
+                Polled::Diagnosis(d) => {
+                    self.diagnosis_received(d.site_id, true);
+                    self.send_diagnosis(*d);
+                }
+                Polled::DiagnosisFailed { site_id, reason } => {
+                    let _ = self
+                        .diagnoses_running
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                    self.skip(&format!("diagnosis: {reason}"));
+                    self.diagnosis_declined(site_id);
+                }
+                Polled::Done(mut o) => {
                     self.stats.checked.fetch_add(1, Ordering::Relaxed);
                     let meta = {
                         let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        p.map.get(&o.call_seq).map(|m| (m.entry, m.problem.clone(), m.site_name.clone()))
+                        p.map.get(&o.call_seq).map(|m| {
+                            (m.entry, m.problem.clone(), m.site_name.clone(), m.injected, m.kernel.clone())
+                        })
                     };
-                    let Some((entry, problem, site_name)) = meta else {
+                    let Some((entry, problem, site_name, injected, kernel)) = meta else {
                         self.skip("result of a call no longer remembered");
                         continue;
                     };
+                    let diagnosis = o.diagnosis.take();
+                    let failing = !self.config.thresholds.judge(problem.class(), &o.metrics).is_empty();
                     let obs = GemmObservation {
                         session_id: self.session_id,
                         site_id: o.site_id,
@@ -402,7 +684,7 @@ impl Engine {
                         site_name,
                         call_seq: o.call_seq,
                         entry_point: entry.to_string(),
-                        backend: Some(backend.name().to_string()),
+                        backend: kernel,
                         problem,
                         mode: o.mode,
                         metrics: Some(o.metrics),
@@ -412,10 +694,18 @@ impl Engine {
                         sketch_ref: o.sketch_ref,
                         logits: o.logits,
                         logits_rows: o.logits_rows,
-                        flags: o.flags,
+                        flags: o.flags | if injected { record::flags::INJECTED } else { 0 },
                         timestamp_ns: now_ns(),
                     };
                     self.send(&Record::Observation(obs));
+                    match diagnosis {
+                        Some(d) => {
+                            self.diagnosis_received(d.site_id, false);
+                            self.send_diagnosis(*d);
+                        }
+                        None if failing => self.want_diagnosis(o.site_id),
+                        None => {}
+                    }
                 }
             }
         }
@@ -472,10 +762,17 @@ impl Engine {
         }
         let t0 = Instant::now();
         let expected = self.stats.sampled.load(Ordering::Relaxed);
-        while t0.elapsed() < EXIT_GRACE {
+        loop {
             let n = self.drain();
             let checked = self.stats.checked.load(Ordering::Relaxed);
-            if n == 0 && checked + self.skipped_total() >= expected {
+            let checks_done = checked + self.skipped_total() >= expected;
+            let diagnosing = self.diagnoses_running.load(Ordering::Relaxed) > 0;
+            if n == 0 && checks_done && !diagnosing {
+                break;
+            }
+            // Checks get a short grace; a diagnosis pass (rare, asked for) a longer one.
+            let limit = if checks_done { DIAGNOSIS_EXIT_GRACE } else { EXIT_GRACE };
+            if t0.elapsed() >= limit {
                 break;
             }
             if n == 0 {

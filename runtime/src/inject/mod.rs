@@ -34,8 +34,8 @@ mod transforms;
 
 pub use transforms::{
     apply_output_fault, garbage_value, nan_position, noise_unit, one_code, prepare_scale_fault,
-    row_sum_squares, OutputEffect, NOISE_AMPLITUDE, STREAM_GARBAGE, STREAM_NAN, TILE_MIN_M, TILE_OFFSET,
-    TILE_PERIOD,
+    prepare_transpose_fault, row_sum_squares, OutputEffect, NOISE_AMPLITUDE, STREAM_GARBAGE, STREAM_NAN,
+    TILE_MIN_M, TILE_OFFSET, TILE_PERIOD,
 };
 
 use crate::formats::Format;

@@ -249,3 +249,28 @@ fn no_transpose_is_representable_for_square_operands_and_fitting_lds() {
     let e = plan_call(&q, FaultClass::NoTranspose).unwrap_err();
     assert!(e.reason.contains("ld"), "{e}");
 }
+
+#[test]
+fn transpose_fault_buffer_makes_the_declared_call_compute_the_flipped_one() {
+    // A square operand of each kind: the rewritten buffer read under the declared contract must
+    // give exactly what the original buffer gives under the flipped contract.
+    for (operand, fmt) in [(Operand::A, Format::Bf16), (Operand::B, Format::E4m3fn)] {
+        let mut p = GemmProblem::row_major(48, 48, 48, fmt, fmt, Format::F32);
+        p.trans_b = Transpose::T;
+        p.b = MatrixLayout::packed(fmt, Order::RowMajor, 48, 48);
+        let flipped = flip_transpose(&p, operand).unwrap();
+        let (inputs, _, _) = setup(&p, 31);
+        let mut faulted = inputs.clone();
+        match operand {
+            Operand::A => faulted.a = prepare_transpose_fault(&p, operand, &flipped, &inputs.a).unwrap(),
+            Operand::B => faulted.b = prepare_transpose_fault(&p, operand, &flipped, &inputs.b).unwrap(),
+        }
+        let production = run(&p, &faulted).values;
+        let expected = run(&flipped, &inputs).values;
+        assert_eq!(production, expected, "{operand:?}");
+        assert!(compare_matrix(&production, &run(&p, &inputs).values, 48, 48).cosine < 0.5);
+    }
+    let q = GemmProblem::row_major(8, 8, 8, Format::E2m1, Format::E2m1, Format::Bf16);
+    let flipped = flip_transpose(&q, Operand::A).unwrap();
+    assert!(prepare_transpose_fault(&q, Operand::A, &flipped, &[0u8; 32]).is_err());
+}

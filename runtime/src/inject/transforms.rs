@@ -256,3 +256,60 @@ pub fn prepare_scale_fault(
     }
     Ok(out)
 }
+
+/// The rewritten operand buffer for `no-transpose`: element (b, i, k) of op(A) at the declared
+/// position receives what the original holds where the call with `operand`'s transpose flipped
+/// (`flipped`, from [`super::flip_transpose`]) reads it, so that the library, honouring the
+/// declared flag, computes what a library ignoring the flag would compute from the original.
+/// Positions the declared layout never reads (ld padding) keep their bytes. Element formats of
+/// 8 bits or more (a 4-bit element shares its byte with a neighbour).
+pub fn prepare_transpose_fault(
+    problem: &GemmProblem,
+    operand: Operand,
+    flipped: &GemmProblem,
+    bytes: &[u8],
+) -> Result<Vec<u8>, InjectError> {
+    problem.validate().map_err(|e| InjectError::Problem(e.to_string()))?;
+    let class = FaultClass::NoTranspose;
+    let layout = match operand {
+        Operand::A => problem.a,
+        Operand::B => problem.b,
+    };
+    let f = layout.format;
+    if f.bits() < 8 {
+        return Err(
+            NotApplicable { class, reason: format!("{} is packed 4-bit ({f})", operand.name()) }.into()
+        );
+    }
+    let (rows, cols) = match operand {
+        Operand::A => problem.a_stored_dims(),
+        Operand::B => problem.b_stored_dims(),
+    };
+    let what = match operand {
+        Operand::A => "a",
+        Operand::B => "b",
+    };
+    check_len(what, layout.required_elements(rows, cols, problem.batch), f, bytes.len())?;
+    let width = (f.bits() / 8) as usize;
+    let mut out = bytes.to_vec();
+    // (outer, inner) of op(X): A is M x K read as (i, k); B is K x N read as (k, j).
+    let (outer, inner) = match operand {
+        Operand::A => (problem.m, problem.k),
+        Operand::B => (problem.k, problem.n),
+    };
+    let position = |p: &GemmProblem, b: u64, x: u64, y: u64| -> usize {
+        match operand {
+            Operand::A => p.a_offset(b, x, y) as usize,
+            Operand::B => p.b_offset(b, x, y) as usize,
+        }
+    };
+    for b in 0..problem.batch {
+        for x in 0..outer {
+            for y in 0..inner {
+                let (dst, src) = (position(problem, b, x, y) * width, position(flipped, b, x, y) * width);
+                out[dst..dst + width].copy_from_slice(&bytes[src..src + width]);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -93,6 +93,7 @@ const MAX_EXTRA_PAIRS: usize = 16;
 
 /// Which API a launch came through: how its handle is named and how `extra` ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum Api {
     /// `CUfunction`.
     CuDriver,
@@ -599,9 +600,9 @@ fn cu_kernel_function(kernel: *mut c_void) -> Option<*mut c_void> {
     (status == 0 && !f.is_null()).then_some(f)
 }
 
-fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
-    let handle = l.handle as *mut c_void;
-    let (name, function) = match l.api {
+/// The kernel's name and, on CUDA, the CUfunction its parameters can be asked of.
+fn kernel_name(api: Api, handle: *mut c_void, stream: u64) -> (Option<String>, Option<*mut c_void>) {
+    match api {
         Api::CuDriver => match cu_func_name(handle) {
             Some(name) => (Some(name), Some(handle)),
             None => match cu_kernel_function(handle) {
@@ -626,13 +627,17 @@ fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
                 c_name(unsafe {
                     std::mem::transmute::<*mut c_void, HipKernelNameRefByPtr>(get)(
                         handle,
-                        l.stream as *mut c_void,
+                        stream as *mut c_void,
                     )
                 })
             }),
             None,
         ),
-    };
+    }
+}
+
+fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
+    let (name, function) = kernel_name(l.api, l.handle as *mut c_void, l.stream);
     let param_sizes = function.and_then(cu_param_sizes);
     let spec = name.as_deref().and_then(|n| st.specs.find(n));
     KernelInfo {
@@ -651,6 +656,12 @@ fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
 // =============================================================================================
 
 fn on_launch(l: &Launch, real: &RealCall) -> i32 {
+    if super::launch_is_nested() {
+        // A library's own launch inside a hooked call (cuBLAS's GEMM kernel): forwarded as
+        // any nested call, noted for the outer call when it watches.
+        super::note_nested_launch(l.api as u8, l.handle);
+        return real.call();
+    }
     let st = state();
     if !st.active || l.handle == 0 {
         return real.call();
@@ -738,6 +749,47 @@ impl GemmArgs for LaunchGemm<'_> {
     fn label(&self) -> Option<&str> {
         self.info.name.as_deref()
     }
+
+    fn kernel(&self) -> Option<String> {
+        self.info.name.clone()
+    }
+}
+
+/// Names of kernels seen launched inside BLAS calls, per handle (bounded).
+static SERVED_NAMES: Mutex<Option<std::collections::HashMap<(u8, usize), Option<String>>>> = Mutex::new(None);
+const SERVED_NAMES_CAP: usize = 4096;
+
+/// The kernels a watched BLAS call launched ([`super::LaunchWatch::seen`]), named: "k1" or
+/// "k1 + k2"; None when it launched none that could be named. Names are cached per handle.
+pub fn served_by(seen: &[(u8, usize)]) -> Option<String> {
+    let api_of = |code: u8| {
+        [Api::CuDriver, Api::CudaRuntime, Api::HipModule, Api::HipRuntime]
+            .into_iter()
+            .find(|a| *a as u8 == code)
+    };
+    let mut names = Vec::new();
+    for &(code, handle) in seen {
+        let Some(api) = api_of(code) else { continue };
+        if handle == 0 {
+            continue;
+        }
+        let mut cache = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        let map = cache.get_or_insert_with(Default::default);
+        let name = match map.get(&(code, handle)) {
+            Some(n) => n.clone(),
+            None => {
+                let (n, _) = kernel_name(api, handle as *mut c_void, 0);
+                if map.len() < SERVED_NAMES_CAP {
+                    map.insert((code, handle), n.clone());
+                }
+                n
+            }
+        };
+        if let Some(n) = name {
+            names.push(n);
+        }
+    }
+    (!names.is_empty()).then(|| names.join(" + "))
 }
 
 // =============================================================================================

@@ -92,6 +92,11 @@ pub trait GemmArgs {
     fn label(&self) -> Option<&str> {
         None
     }
+    /// The kernel that serves this call when the call itself says (a launch); BLAS calls
+    /// learn theirs by watching the launches they make ([`LaunchWatch`]).
+    fn kernel(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The real function of one call, called at most once through [`RealCall::call`].
@@ -184,7 +189,21 @@ pub fn guarded_lookup(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i3
 
 /// Whether a hook is an entry-point lookup (see [`guarded_lookup`]); const for the hook list.
 pub const fn is_lookup(name: &str) -> bool {
-    let (n, p) = (name.as_bytes(), b"cuGetProcAddress");
+    starts_with(name.as_bytes(), b"cuGetProcAddress")
+}
+
+/// Whether a hook is a kernel launch (see [`guarded_launch`]); const for the hook list.
+pub const fn is_launch(name: &str) -> bool {
+    let n = name.as_bytes();
+    starts_with(n, b"cuLaunchKernel")
+        || starts_with(n, b"cudaLaunchKernel")
+        || starts_with(n, b"hipModuleLaunchKernel")
+        || starts_with(n, b"hipExtModuleLaunchKernel")
+        || starts_with(n, b"hipDrvLaunchKernelEx")
+        || starts_with(n, b"hipLaunchKernel")
+}
+
+const fn starts_with(n: &[u8], p: &[u8]) -> bool {
     if n.len() < p.len() {
         return false;
     }
@@ -196,6 +215,97 @@ pub const fn is_lookup(name: &str) -> bool {
         i += 1;
     }
     true
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels launched inside a BLAS call: which kernel served it (the report's backend column and
+// the backend policy). A launch made while this thread is inside another hook is forwarded at
+// once, as any nested hooked call; when the outer hook armed a [`LaunchWatch`], the handle is
+// noted first (two stores, no lookup: names are resolved after the BLAS call returns).
+// ---------------------------------------------------------------------------------------------
+
+/// Launches noted per watched call.
+pub const WATCHED_LAUNCHES: usize = 2;
+
+#[derive(Clone, Copy, Default)]
+struct Watch {
+    armed: bool,
+    count: u8,
+    /// (launch API code, handle) of the first launches.
+    seen: [(u8, usize); WATCHED_LAUNCHES],
+}
+
+thread_local! {
+    /// Set while a launch hook's body runs nested inside another hook.
+    static NESTED_LAUNCH: Cell<bool> = const { Cell::new(false) };
+    static WATCH: Cell<Watch> = const { Cell::new(Watch { armed: false, count: 0, seen: [(0, 0); WATCHED_LAUNCHES] }) };
+}
+
+/// Notes the launches this thread makes until dropped (the outer hook's real call).
+pub struct LaunchWatch(());
+
+impl LaunchWatch {
+    pub fn arm() -> LaunchWatch {
+        let _ = WATCH.try_with(|w| w.set(Watch { armed: true, ..Watch::default() }));
+        LaunchWatch(())
+    }
+
+    /// (API code, handle) of the launches seen so far, at most [`WATCHED_LAUNCHES`].
+    pub fn seen(&self) -> Vec<(u8, usize)> {
+        WATCH
+            .try_with(|w| {
+                let w = w.get();
+                w.seen[..(w.count as usize).min(WATCHED_LAUNCHES)].to_vec()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for LaunchWatch {
+    fn drop(&mut self) {
+        let _ = WATCH.try_with(|w| w.set(Watch::default()));
+    }
+}
+
+/// Whether the launch hook running on this thread is nested inside another hook.
+pub fn launch_is_nested() -> bool {
+    NESTED_LAUNCH.try_with(|n| n.get()).unwrap_or(false)
+}
+
+/// Notes a nested launch for an armed [`LaunchWatch`] (a no-op when none is armed).
+pub fn note_nested_launch(api: u8, handle: usize) {
+    let _ = WATCH.try_with(|w| {
+        let mut v = w.get();
+        if v.armed && (v.count as usize) < WATCHED_LAUNCHES {
+            v.seen[v.count as usize] = (api, handle);
+            v.count += 1;
+            w.set(v);
+        }
+    });
+}
+
+/// The body of a kernel-launch export: as [`guarded`], except that a nested launch (one made
+/// by a library inside another hooked call) still enters the body, marked nested, so that the
+/// outer call can learn which kernel served it; the body forwards it at once.
+pub fn guarded_launch(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i32 {
+    let guard = HookGuard::enter();
+    let nested = guard.is_none();
+    if nested {
+        let _ = NESTED_LAUNCH.try_with(|n| n.set(true));
+    }
+    let status = Cell::new(None);
+    let call = RealCall { call: real, status: &status };
+    let result = match catch_unwind(AssertUnwindSafe(|| body(&call))) {
+        Ok(s) => s,
+        Err(_) => {
+            CAUGHT_PANICS.fetch_add(1, Ordering::Relaxed);
+            call.call()
+        }
+    };
+    if nested {
+        let _ = NESTED_LAUNCH.try_with(|n| n.set(false));
+    }
+    result
 }
 
 /// A real vendor function (a hooked entry's, or a helper such as `cublasGetStream_v2`)
@@ -272,6 +382,8 @@ macro_rules! define_hook_modules {
                 pub const NAME: &str = stringify!($sym);
                 /// An entry-point lookup (runs its body even when nested; see `guarded_lookup`).
                 pub const LOOKUP: bool = crate::intercept::is_lookup(NAME);
+                /// A kernel launch (nested ones are noted for the outer call; `guarded_launch`).
+                pub const LAUNCH: bool = crate::intercept::is_launch(NAME);
                 /// Returned when the real symbol cannot be found.
                 pub const MISSING_STATUS: i32 = $status;
                 pub static REAL: crate::intercept::RealSlot =
@@ -297,6 +409,8 @@ macro_rules! define_hook_modules {
                     let body = |call: &crate::intercept::RealCall| crate::intercept::$($handler)::+(&args, call);
                     if LOOKUP {
                         crate::intercept::guarded_lookup(body, &real)
+                    } else if LAUNCH {
+                        crate::intercept::guarded_launch(body, &real)
                     } else {
                         crate::intercept::guarded(body, &real)
                     }

@@ -10,8 +10,9 @@
 
 use super::generated::quantshadow::schema as fb;
 use super::{
-    CheckMode, ClosingRecord, GemmObservation, KeyValue, LogitsRow, ProblemSummary, Record, RecordError,
-    SessionRecord, SkipCount, SCHEMA_MAJOR, SCHEMA_MINOR,
+    CheckMode, ClosingRecord, DiagnosisRecord, ErrorMapSummary, GemmObservation, KeyValue, LogitsRow,
+    ProblemSummary, ReadingSummary, Record, RecordError, RowPeriodSummary, SessionRecord, SkipCount,
+    SCHEMA_MAJOR, SCHEMA_MINOR,
 };
 use crate::formats::Format;
 use crate::metrics::{LogitsMetrics, Metrics, WorstRow};
@@ -63,6 +64,7 @@ impl Encoder {
             Record::Session(s) => (fb::Record::Session, encode_session(fbb, s).as_union_value()),
             Record::Observation(o) => (fb::Record::Observation, encode_observation(fbb, o).as_union_value()),
             Record::Closing(c) => (fb::Record::Closing, encode_closing(fbb, c).as_union_value()),
+            Record::Diagnosis(d) => (fb::Record::Diagnosis, encode_diagnosis(fbb, d).as_union_value()),
         };
         let envelope = fb::Envelope::create(
             fbb,
@@ -125,6 +127,9 @@ pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
         )?)),
         fb::Record::Closing => {
             Ok(Record::Closing(decode_closing(&envelope.record_as_closing().ok_or_else(missing)?)))
+        }
+        fb::Record::Diagnosis => {
+            Ok(Record::Diagnosis(decode_diagnosis(&envelope.record_as_diagnosis().ok_or_else(missing)?)))
         }
         fb::Record::NONE => Err(RecordError::Malformed("envelope holds no record".into())),
         other => Err(unknown("Record", other.0)),
@@ -405,6 +410,100 @@ fn encode_closing<'a>(fbb: &mut FlatBufferBuilder<'a>, c: &ClosingRecord) -> WIP
     )
 }
 
+fn encode_u64s<'a>(fbb: &mut FlatBufferBuilder<'a>, v: &[u64]) -> Option<WIPOffset<Vector<'a, u64>>> {
+    (!v.is_empty()).then(|| fbb.create_vector(v))
+}
+
+fn encode_error_map<'a>(fbb: &mut FlatBufferBuilder<'a>, e: &ErrorMapSummary) -> WIPOffset<fb::ErrorMap<'a>> {
+    let listed = &e.bad_rows[..e.bad_rows.len().min(ErrorMapSummary::MAX_ROWS)];
+    let bad_rows = encode_u64s(fbb, listed);
+    let bad_col_blocks = encode_u64s(fbb, &e.bad_col_blocks);
+    let bad_a_scale_blocks = e.bad_a_scale_blocks.as_deref().and_then(|v| encode_u64s(fbb, v));
+    let bad_b_scale_blocks = e.bad_b_scale_blocks.as_deref().and_then(|v| encode_u64s(fbb, v));
+    let summary = fbb.create_string(&e.summary);
+    let period = e.row_period.unwrap_or(RowPeriodSummary { period: 0, offset: 0, first_row: 0 });
+    fb::ErrorMap::create(
+        fbb,
+        &fb::ErrorMapArgs {
+            m: e.m,
+            rows_checked: e.rows_checked,
+            bad_rows,
+            bad_rows_total: e.bad_rows_total.max(e.bad_rows.len() as u64),
+            row_period: period.period,
+            row_offset: period.offset,
+            row_first: period.first_row,
+            col_block: e.col_block,
+            col_blocks: e.col_blocks,
+            bad_col_blocks,
+            has_a_scale_blocks: e.bad_a_scale_blocks.is_some(),
+            bad_a_scale_blocks,
+            has_b_scale_blocks: e.bad_b_scale_blocks.is_some(),
+            bad_b_scale_blocks,
+            summary: Some(summary),
+        },
+    )
+}
+
+fn encode_diagnosis<'a>(
+    fbb: &mut FlatBufferBuilder<'a>,
+    d: &DiagnosisRecord,
+) -> WIPOffset<fb::Diagnosis<'a>> {
+    let readings: Vec<_> = d
+        .readings
+        .iter()
+        .map(|r| {
+            let id = fbb.create_string(&r.id);
+            let description = fbb.create_string(&r.description);
+            fb::ReadingResult::create(
+                fbb,
+                &fb::ReadingResultArgs {
+                    id: Some(id),
+                    description: Some(description),
+                    declared: r.declared,
+                    cosine: r.cosine,
+                    nmse: r.nmse,
+                    norm_ratio: r.norm_ratio,
+                    nonfinite_mismatch: r.nonfinite_mismatch,
+                    explains: r.explains,
+                },
+            )
+        })
+        .collect();
+    let readings = (!readings.is_empty()).then(|| fbb.create_vector(&readings));
+    let skipped = encode_key_values(fbb, &d.skipped);
+    let explanation = d.explanation.as_deref().map(|s| fbb.create_string(s));
+    let strings = |fbb: &mut FlatBufferBuilder<'a>, v: &[String]| {
+        (!v.is_empty()).then(|| {
+            let items: Vec<_> = v.iter().map(|s| fbb.create_string(s)).collect();
+            fbb.create_vector(&items)
+        })
+    };
+    let equivalent = strings(fbb, &d.equivalent);
+    let text = fbb.create_string(&d.text);
+    let recommendation = d.recommendation.as_deref().map(|s| fbb.create_string(s));
+    let error_map = d.error_map.as_ref().map(|e| encode_error_map(fbb, e));
+    let scale_layout = strings(fbb, &d.scale_layout);
+    fb::Diagnosis::create(
+        fbb,
+        &fb::DiagnosisArgs {
+            session_id: d.session_id,
+            site_id: d.site_id,
+            site_ordinal: d.site_ordinal,
+            call_seq: d.call_seq,
+            rows: d.rows,
+            readings,
+            skipped,
+            explanation,
+            equivalent,
+            text: Some(text),
+            recommendation,
+            error_map,
+            scale_layout,
+            timestamp_ns: d.timestamp_ns,
+        },
+    )
+}
+
 // ---- decoding: input already verified, so accessors cannot read out of bounds ----
 
 /// Non-optional strings may be absent (another writer, or a field it did not fill): "".
@@ -551,5 +650,69 @@ fn decode_closing(c: &fb::Closing<'_>) -> ClosingRecord {
             .unwrap_or_default(),
         dropped: c.dropped(),
         end_time_ns: c.end_time_ns(),
+    }
+}
+
+fn decode_u64s(v: Option<Vector<'_, u64>>) -> Vec<u64> {
+    v.map(|v| v.iter().collect()).unwrap_or_default()
+}
+
+fn decode_strings(v: Option<Vector<'_, ForwardsUOffset<&str>>>) -> Vec<String> {
+    v.map(|v| v.iter().map(str::to_owned).collect()).unwrap_or_default()
+}
+
+fn decode_error_map(e: &fb::ErrorMap<'_>) -> ErrorMapSummary {
+    let bad_rows = decode_u64s(e.bad_rows());
+    ErrorMapSummary {
+        m: e.m(),
+        rows_checked: e.rows_checked(),
+        bad_rows_total: e.bad_rows_total().max(bad_rows.len() as u64),
+        bad_rows,
+        row_period: (e.row_period() != 0).then(|| RowPeriodSummary {
+            period: e.row_period(),
+            offset: e.row_offset(),
+            first_row: e.row_first(),
+        }),
+        col_block: e.col_block(),
+        col_blocks: e.col_blocks(),
+        bad_col_blocks: decode_u64s(e.bad_col_blocks()),
+        bad_a_scale_blocks: e.has_a_scale_blocks().then(|| decode_u64s(e.bad_a_scale_blocks())),
+        bad_b_scale_blocks: e.has_b_scale_blocks().then(|| decode_u64s(e.bad_b_scale_blocks())),
+        summary: string(e.summary()),
+    }
+}
+
+fn decode_diagnosis(d: &fb::Diagnosis<'_>) -> DiagnosisRecord {
+    DiagnosisRecord {
+        session_id: d.session_id(),
+        site_id: d.site_id(),
+        site_ordinal: d.site_ordinal(),
+        call_seq: d.call_seq(),
+        rows: d.rows(),
+        readings: d
+            .readings()
+            .map(|v| {
+                v.iter()
+                    .map(|r| ReadingSummary {
+                        id: string(r.id()),
+                        description: string(r.description()),
+                        declared: r.declared(),
+                        cosine: r.cosine(),
+                        nmse: r.nmse(),
+                        norm_ratio: r.norm_ratio(),
+                        nonfinite_mismatch: r.nonfinite_mismatch(),
+                        explains: r.explains(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        skipped: decode_key_values(d.skipped()),
+        explanation: d.explanation().filter(|s| !s.is_empty()).map(str::to_owned),
+        equivalent: decode_strings(d.equivalent()),
+        text: string(d.text()),
+        recommendation: d.recommendation().filter(|s| !s.is_empty()).map(str::to_owned),
+        error_map: d.error_map().map(|e| decode_error_map(&e)),
+        scale_layout: decode_strings(d.scale_layout()),
+        timestamp_ns: d.timestamp_ns(),
     }
 }

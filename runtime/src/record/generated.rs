@@ -782,14 +782,15 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ScaleStorage {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RECORD: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RECORD: u8 = 3;
+pub const ENUM_MAX_RECORD: u8 = 4;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RECORD: [Record; 4] = [
+pub const ENUM_VALUES_RECORD: [Record; 5] = [
   Record::NONE,
   Record::Session,
   Record::Observation,
   Record::Closing,
+  Record::Diagnosis,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -801,14 +802,16 @@ impl Record {
   pub const Session: Self = Self(1);
   pub const Observation: Self = Self(2);
   pub const Closing: Self = Self(3);
+  pub const Diagnosis: Self = Self(4);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_MAX: u8 = 4;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Session,
     Self::Observation,
     Self::Closing,
+    Self::Diagnosis,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -817,6 +820,7 @@ impl Record {
       Self::Session => Some("Session"),
       Self::Observation => Some("Observation"),
       Self::Closing => Some("Closing"),
+      Self::Diagnosis => Some("Diagnosis"),
       _ => None,
     }
   }
@@ -3337,6 +3341,889 @@ impl ::core::fmt::Debug for Closing<'_> {
       ds.finish()
   }
 }
+pub enum ReadingResultOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One reading of a call's contract and how well its reference matches production.
+pub struct ReadingResult<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReadingResult<'a> {
+  type Inner = ReadingResult<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReadingResult<'a> {
+  pub const VT_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_DESCRIPTION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_DECLARED: ::flatbuffers::VOffsetT = 8;
+  pub const VT_COSINE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_NMSE: ::flatbuffers::VOffsetT = 12;
+  pub const VT_NORM_RATIO: ::flatbuffers::VOffsetT = 14;
+  pub const VT_NONFINITE_MISMATCH: ::flatbuffers::VOffsetT = 16;
+  pub const VT_EXPLAINS: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReadingResult { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReadingResultArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReadingResult<'bldr>> {
+    let mut builder = ReadingResultBuilder::new(_fbb);
+    builder.add_nonfinite_mismatch(args.nonfinite_mismatch);
+    builder.add_norm_ratio(args.norm_ratio);
+    builder.add_nmse(args.nmse);
+    builder.add_cosine(args.cosine);
+    if let Some(x) = args.description { builder.add_description(x); }
+    if let Some(x) = args.id { builder.add_id(x); }
+    builder.add_explains(args.explains);
+    builder.add_declared(args.declared);
+    builder.finish()
+  }
+
+
+  /// Stable id (`declared`, `a-scales-inner-major`, `a-fnuz`, ...).
+  #[inline]
+  pub fn id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReadingResult::VT_ID, None)}
+  }
+  #[inline]
+  pub fn description(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReadingResult::VT_DESCRIPTION, None)}
+  }
+  #[inline]
+  pub fn declared(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReadingResult::VT_DECLARED, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn cosine(&self) -> f64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f64>(ReadingResult::VT_COSINE, Some(f64::NAN)).unwrap()}
+  }
+  #[inline]
+  pub fn nmse(&self) -> f64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f64>(ReadingResult::VT_NMSE, Some(f64::NAN)).unwrap()}
+  }
+  #[inline]
+  pub fn norm_ratio(&self) -> f64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f64>(ReadingResult::VT_NORM_RATIO, Some(f64::NAN)).unwrap()}
+  }
+  /// Values where exactly one side is finite (a reading that invents or hides NaN/Inf).
+  #[inline]
+  pub fn nonfinite_mismatch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReadingResult::VT_NONFINITE_MISMATCH, Some(0)).unwrap()}
+  }
+  /// cosine and norm ratio both close enough to say this reading reproduces production.
+  #[inline]
+  pub fn explains(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReadingResult::VT_EXPLAINS, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReadingResult<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("id", Self::VT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("description", Self::VT_DESCRIPTION, false)?
+     .visit_field::<bool>("declared", Self::VT_DECLARED, false)?
+     .visit_field::<f64>("cosine", Self::VT_COSINE, false)?
+     .visit_field::<f64>("nmse", Self::VT_NMSE, false)?
+     .visit_field::<f64>("norm_ratio", Self::VT_NORM_RATIO, false)?
+     .visit_field::<u64>("nonfinite_mismatch", Self::VT_NONFINITE_MISMATCH, false)?
+     .visit_field::<bool>("explains", Self::VT_EXPLAINS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReadingResultArgs<'a> {
+    pub id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub description: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub declared: bool,
+    pub cosine: f64,
+    pub nmse: f64,
+    pub norm_ratio: f64,
+    pub nonfinite_mismatch: u64,
+    pub explains: bool,
+}
+impl<'a> Default for ReadingResultArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReadingResultArgs {
+      id: None,
+      description: None,
+      declared: false,
+      cosine: f64::NAN,
+      nmse: f64::NAN,
+      norm_ratio: f64::NAN,
+      nonfinite_mismatch: 0,
+      explains: false,
+    }
+  }
+}
+
+pub struct ReadingResultBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReadingResultBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_id(&mut self, id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReadingResult::VT_ID, id);
+  }
+  #[inline]
+  pub fn add_description(&mut self, description: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReadingResult::VT_DESCRIPTION, description);
+  }
+  #[inline]
+  pub fn add_declared(&mut self, declared: bool) {
+    self.fbb_.push_slot::<bool>(ReadingResult::VT_DECLARED, declared, false);
+  }
+  #[inline]
+  pub fn add_cosine(&mut self, cosine: f64) {
+    self.fbb_.push_slot::<f64>(ReadingResult::VT_COSINE, cosine, f64::NAN);
+  }
+  #[inline]
+  pub fn add_nmse(&mut self, nmse: f64) {
+    self.fbb_.push_slot::<f64>(ReadingResult::VT_NMSE, nmse, f64::NAN);
+  }
+  #[inline]
+  pub fn add_norm_ratio(&mut self, norm_ratio: f64) {
+    self.fbb_.push_slot::<f64>(ReadingResult::VT_NORM_RATIO, norm_ratio, f64::NAN);
+  }
+  #[inline]
+  pub fn add_nonfinite_mismatch(&mut self, nonfinite_mismatch: u64) {
+    self.fbb_.push_slot::<u64>(ReadingResult::VT_NONFINITE_MISMATCH, nonfinite_mismatch, 0);
+  }
+  #[inline]
+  pub fn add_explains(&mut self, explains: bool) {
+    self.fbb_.push_slot::<bool>(ReadingResult::VT_EXPLAINS, explains, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReadingResultBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReadingResultBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReadingResult<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReadingResult<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReadingResult");
+      ds.field("id", &self.id());
+      ds.field("description", &self.description());
+      ds.field("declared", &self.declared());
+      ds.field("cosine", &self.cosine());
+      ds.field("nmse", &self.nmse());
+      ds.field("norm_ratio", &self.norm_ratio());
+      ds.field("nonfinite_mismatch", &self.nonfinite_mismatch());
+      ds.field("explains", &self.explains());
+      ds.finish()
+  }
+}
+pub enum ErrorMapOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Where a diagnosed call's errors are.
+pub struct ErrorMap<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ErrorMap<'a> {
+  type Inner = ErrorMap<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ErrorMap<'a> {
+  pub const VT_M: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ROWS_CHECKED: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BAD_ROWS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_BAD_ROWS_TOTAL: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ROW_PERIOD: ::flatbuffers::VOffsetT = 12;
+  pub const VT_ROW_OFFSET: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ROW_FIRST: ::flatbuffers::VOffsetT = 16;
+  pub const VT_COL_BLOCK: ::flatbuffers::VOffsetT = 18;
+  pub const VT_COL_BLOCKS: ::flatbuffers::VOffsetT = 20;
+  pub const VT_BAD_COL_BLOCKS: ::flatbuffers::VOffsetT = 22;
+  pub const VT_HAS_A_SCALE_BLOCKS: ::flatbuffers::VOffsetT = 24;
+  pub const VT_BAD_A_SCALE_BLOCKS: ::flatbuffers::VOffsetT = 26;
+  pub const VT_HAS_B_SCALE_BLOCKS: ::flatbuffers::VOffsetT = 28;
+  pub const VT_BAD_B_SCALE_BLOCKS: ::flatbuffers::VOffsetT = 30;
+  pub const VT_SUMMARY: ::flatbuffers::VOffsetT = 32;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ErrorMap { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ErrorMapArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ErrorMap<'bldr>> {
+    let mut builder = ErrorMapBuilder::new(_fbb);
+    builder.add_col_blocks(args.col_blocks);
+    builder.add_col_block(args.col_block);
+    builder.add_row_first(args.row_first);
+    builder.add_row_offset(args.row_offset);
+    builder.add_row_period(args.row_period);
+    builder.add_bad_rows_total(args.bad_rows_total);
+    builder.add_rows_checked(args.rows_checked);
+    builder.add_m(args.m);
+    if let Some(x) = args.summary { builder.add_summary(x); }
+    if let Some(x) = args.bad_b_scale_blocks { builder.add_bad_b_scale_blocks(x); }
+    if let Some(x) = args.bad_a_scale_blocks { builder.add_bad_a_scale_blocks(x); }
+    if let Some(x) = args.bad_col_blocks { builder.add_bad_col_blocks(x); }
+    if let Some(x) = args.bad_rows { builder.add_bad_rows(x); }
+    builder.add_has_b_scale_blocks(args.has_b_scale_blocks);
+    builder.add_has_a_scale_blocks(args.has_a_scale_blocks);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn m(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_M, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn rows_checked(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_ROWS_CHECKED, Some(0)).unwrap()}
+  }
+  /// Bad rows, ascending; at most 256 listed, bad_rows_total counts them all.
+  #[inline]
+  pub fn bad_rows(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ErrorMap::VT_BAD_ROWS, None)}
+  }
+  #[inline]
+  pub fn bad_rows_total(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_BAD_ROWS_TOTAL, Some(0)).unwrap()}
+  }
+  /// Bad rows are every row_period-th row (i % row_period == row_offset) from row_first;
+  /// row_period 0: no period found.
+  #[inline]
+  pub fn row_period(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_ROW_PERIOD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn row_offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_ROW_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn row_first(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_ROW_FIRST, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn col_block(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_COL_BLOCK, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn col_blocks(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ErrorMap::VT_COL_BLOCKS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn bad_col_blocks(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ErrorMap::VT_BAD_COL_BLOCKS, None)}
+  }
+  #[inline]
+  pub fn has_a_scale_blocks(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ErrorMap::VT_HAS_A_SCALE_BLOCKS, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn bad_a_scale_blocks(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ErrorMap::VT_BAD_A_SCALE_BLOCKS, None)}
+  }
+  #[inline]
+  pub fn has_b_scale_blocks(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ErrorMap::VT_HAS_B_SCALE_BLOCKS, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn bad_b_scale_blocks(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ErrorMap::VT_BAD_B_SCALE_BLOCKS, None)}
+  }
+  #[inline]
+  pub fn summary(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ErrorMap::VT_SUMMARY, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ErrorMap<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("m", Self::VT_M, false)?
+     .visit_field::<u64>("rows_checked", Self::VT_ROWS_CHECKED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("bad_rows", Self::VT_BAD_ROWS, false)?
+     .visit_field::<u64>("bad_rows_total", Self::VT_BAD_ROWS_TOTAL, false)?
+     .visit_field::<u64>("row_period", Self::VT_ROW_PERIOD, false)?
+     .visit_field::<u64>("row_offset", Self::VT_ROW_OFFSET, false)?
+     .visit_field::<u64>("row_first", Self::VT_ROW_FIRST, false)?
+     .visit_field::<u64>("col_block", Self::VT_COL_BLOCK, false)?
+     .visit_field::<u64>("col_blocks", Self::VT_COL_BLOCKS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("bad_col_blocks", Self::VT_BAD_COL_BLOCKS, false)?
+     .visit_field::<bool>("has_a_scale_blocks", Self::VT_HAS_A_SCALE_BLOCKS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("bad_a_scale_blocks", Self::VT_BAD_A_SCALE_BLOCKS, false)?
+     .visit_field::<bool>("has_b_scale_blocks", Self::VT_HAS_B_SCALE_BLOCKS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("bad_b_scale_blocks", Self::VT_BAD_B_SCALE_BLOCKS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("summary", Self::VT_SUMMARY, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ErrorMapArgs<'a> {
+    pub m: u64,
+    pub rows_checked: u64,
+    pub bad_rows: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub bad_rows_total: u64,
+    pub row_period: u64,
+    pub row_offset: u64,
+    pub row_first: u64,
+    pub col_block: u64,
+    pub col_blocks: u64,
+    pub bad_col_blocks: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub has_a_scale_blocks: bool,
+    pub bad_a_scale_blocks: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub has_b_scale_blocks: bool,
+    pub bad_b_scale_blocks: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub summary: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ErrorMapArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ErrorMapArgs {
+      m: 0,
+      rows_checked: 0,
+      bad_rows: None,
+      bad_rows_total: 0,
+      row_period: 0,
+      row_offset: 0,
+      row_first: 0,
+      col_block: 0,
+      col_blocks: 0,
+      bad_col_blocks: None,
+      has_a_scale_blocks: false,
+      bad_a_scale_blocks: None,
+      has_b_scale_blocks: false,
+      bad_b_scale_blocks: None,
+      summary: None,
+    }
+  }
+}
+
+pub struct ErrorMapBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ErrorMapBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_m(&mut self, m: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_M, m, 0);
+  }
+  #[inline]
+  pub fn add_rows_checked(&mut self, rows_checked: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_ROWS_CHECKED, rows_checked, 0);
+  }
+  #[inline]
+  pub fn add_bad_rows(&mut self, bad_rows: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ErrorMap::VT_BAD_ROWS, bad_rows);
+  }
+  #[inline]
+  pub fn add_bad_rows_total(&mut self, bad_rows_total: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_BAD_ROWS_TOTAL, bad_rows_total, 0);
+  }
+  #[inline]
+  pub fn add_row_period(&mut self, row_period: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_ROW_PERIOD, row_period, 0);
+  }
+  #[inline]
+  pub fn add_row_offset(&mut self, row_offset: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_ROW_OFFSET, row_offset, 0);
+  }
+  #[inline]
+  pub fn add_row_first(&mut self, row_first: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_ROW_FIRST, row_first, 0);
+  }
+  #[inline]
+  pub fn add_col_block(&mut self, col_block: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_COL_BLOCK, col_block, 0);
+  }
+  #[inline]
+  pub fn add_col_blocks(&mut self, col_blocks: u64) {
+    self.fbb_.push_slot::<u64>(ErrorMap::VT_COL_BLOCKS, col_blocks, 0);
+  }
+  #[inline]
+  pub fn add_bad_col_blocks(&mut self, bad_col_blocks: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ErrorMap::VT_BAD_COL_BLOCKS, bad_col_blocks);
+  }
+  #[inline]
+  pub fn add_has_a_scale_blocks(&mut self, has_a_scale_blocks: bool) {
+    self.fbb_.push_slot::<bool>(ErrorMap::VT_HAS_A_SCALE_BLOCKS, has_a_scale_blocks, false);
+  }
+  #[inline]
+  pub fn add_bad_a_scale_blocks(&mut self, bad_a_scale_blocks: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ErrorMap::VT_BAD_A_SCALE_BLOCKS, bad_a_scale_blocks);
+  }
+  #[inline]
+  pub fn add_has_b_scale_blocks(&mut self, has_b_scale_blocks: bool) {
+    self.fbb_.push_slot::<bool>(ErrorMap::VT_HAS_B_SCALE_BLOCKS, has_b_scale_blocks, false);
+  }
+  #[inline]
+  pub fn add_bad_b_scale_blocks(&mut self, bad_b_scale_blocks: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ErrorMap::VT_BAD_B_SCALE_BLOCKS, bad_b_scale_blocks);
+  }
+  #[inline]
+  pub fn add_summary(&mut self, summary: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ErrorMap::VT_SUMMARY, summary);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ErrorMapBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ErrorMapBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ErrorMap<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ErrorMap<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ErrorMap");
+      ds.field("m", &self.m());
+      ds.field("rows_checked", &self.rows_checked());
+      ds.field("bad_rows", &self.bad_rows());
+      ds.field("bad_rows_total", &self.bad_rows_total());
+      ds.field("row_period", &self.row_period());
+      ds.field("row_offset", &self.row_offset());
+      ds.field("row_first", &self.row_first());
+      ds.field("col_block", &self.col_block());
+      ds.field("col_blocks", &self.col_blocks());
+      ds.field("bad_col_blocks", &self.bad_col_blocks());
+      ds.field("has_a_scale_blocks", &self.has_a_scale_blocks());
+      ds.field("bad_a_scale_blocks", &self.bad_a_scale_blocks());
+      ds.field("has_b_scale_blocks", &self.has_b_scale_blocks());
+      ds.field("bad_b_scale_blocks", &self.bad_b_scale_blocks());
+      ds.field("summary", &self.summary());
+      ds.finish()
+  }
+}
+pub enum DiagnosisOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A diagnosis pass over one call of a site: the reference under alternative readings of the
+/// contract, ranked, and the error map of the declared reading. Added in 1.1.
+pub struct Diagnosis<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Diagnosis<'a> {
+  type Inner = Diagnosis<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Diagnosis<'a> {
+  pub const VT_SESSION_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SITE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_SITE_ORDINAL: ::flatbuffers::VOffsetT = 8;
+  pub const VT_CALL_SEQ: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ROWS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_READINGS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_SKIPPED: ::flatbuffers::VOffsetT = 16;
+  pub const VT_EXPLANATION: ::flatbuffers::VOffsetT = 18;
+  pub const VT_EQUIVALENT: ::flatbuffers::VOffsetT = 20;
+  pub const VT_TEXT: ::flatbuffers::VOffsetT = 22;
+  pub const VT_RECOMMENDATION: ::flatbuffers::VOffsetT = 24;
+  pub const VT_ERROR_MAP: ::flatbuffers::VOffsetT = 26;
+  pub const VT_SCALE_LAYOUT: ::flatbuffers::VOffsetT = 28;
+  pub const VT_TIMESTAMP_NS: ::flatbuffers::VOffsetT = 30;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Diagnosis { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DiagnosisArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Diagnosis<'bldr>> {
+    let mut builder = DiagnosisBuilder::new(_fbb);
+    builder.add_timestamp_ns(args.timestamp_ns);
+    builder.add_rows(args.rows);
+    builder.add_call_seq(args.call_seq);
+    builder.add_site_id(args.site_id);
+    builder.add_session_id(args.session_id);
+    if let Some(x) = args.scale_layout { builder.add_scale_layout(x); }
+    if let Some(x) = args.error_map { builder.add_error_map(x); }
+    if let Some(x) = args.recommendation { builder.add_recommendation(x); }
+    if let Some(x) = args.text { builder.add_text(x); }
+    if let Some(x) = args.equivalent { builder.add_equivalent(x); }
+    if let Some(x) = args.explanation { builder.add_explanation(x); }
+    if let Some(x) = args.skipped { builder.add_skipped(x); }
+    if let Some(x) = args.readings { builder.add_readings(x); }
+    builder.add_site_ordinal(args.site_ordinal);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn session_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Diagnosis::VT_SESSION_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn site_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Diagnosis::VT_SITE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn site_ordinal(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Diagnosis::VT_SITE_ORDINAL, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn call_seq(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Diagnosis::VT_CALL_SEQ, Some(0)).unwrap()}
+  }
+  /// Rows compared under every reading.
+  #[inline]
+  pub fn rows(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Diagnosis::VT_ROWS, Some(0)).unwrap()}
+  }
+  /// Best first; the declared reading is among them.
+  #[inline]
+  pub fn readings(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReadingResult<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReadingResult>>>>(Diagnosis::VT_READINGS, None)}
+  }
+  /// Readings that could not be evaluated on this call's buffers: description -> why.
+  #[inline]
+  pub fn skipped(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue>>>>(Diagnosis::VT_SKIPPED, None)}
+  }
+  /// id of the reading that explains production better than the declared one; "" if none.
+  #[inline]
+  pub fn explanation(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Diagnosis::VT_EXPLANATION, None)}
+  }
+  /// Descriptions of readings indistinguishable from the explanation.
+  #[inline]
+  pub fn equivalent(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(Diagnosis::VT_EQUIVALENT, None)}
+  }
+  /// One sentence for the report.
+  #[inline]
+  pub fn text(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Diagnosis::VT_TEXT, None)}
+  }
+  #[inline]
+  pub fn recommendation(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Diagnosis::VT_RECOMMENDATION, None)}
+  }
+  #[inline]
+  pub fn error_map(&self) -> Option<ErrorMap<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<ErrorMap>>(Diagnosis::VT_ERROR_MAP, None)}
+  }
+  /// "A scales: 1x128 blocks, grid 57x32, f32, outer-major, ld 32", one line per operand.
+  #[inline]
+  pub fn scale_layout(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(Diagnosis::VT_SCALE_LAYOUT, None)}
+  }
+  #[inline]
+  pub fn timestamp_ns(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Diagnosis::VT_TIMESTAMP_NS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Diagnosis<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("session_id", Self::VT_SESSION_ID, false)?
+     .visit_field::<u64>("site_id", Self::VT_SITE_ID, false)?
+     .visit_field::<u32>("site_ordinal", Self::VT_SITE_ORDINAL, false)?
+     .visit_field::<u64>("call_seq", Self::VT_CALL_SEQ, false)?
+     .visit_field::<u64>("rows", Self::VT_ROWS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReadingResult>>>>("readings", Self::VT_READINGS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<KeyValue>>>>("skipped", Self::VT_SKIPPED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("explanation", Self::VT_EXPLANATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("equivalent", Self::VT_EQUIVALENT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("text", Self::VT_TEXT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("recommendation", Self::VT_RECOMMENDATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<ErrorMap>>("error_map", Self::VT_ERROR_MAP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("scale_layout", Self::VT_SCALE_LAYOUT, false)?
+     .visit_field::<u64>("timestamp_ns", Self::VT_TIMESTAMP_NS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DiagnosisArgs<'a> {
+    pub session_id: u64,
+    pub site_id: u64,
+    pub site_ordinal: u32,
+    pub call_seq: u64,
+    pub rows: u64,
+    pub readings: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReadingResult<'a>>>>>,
+    pub skipped: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue<'a>>>>>,
+    pub explanation: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub equivalent: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub text: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub recommendation: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub error_map: Option<::flatbuffers::WIPOffset<ErrorMap<'a>>>,
+    pub scale_layout: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub timestamp_ns: u64,
+}
+impl<'a> Default for DiagnosisArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DiagnosisArgs {
+      session_id: 0,
+      site_id: 0,
+      site_ordinal: 0,
+      call_seq: 0,
+      rows: 0,
+      readings: None,
+      skipped: None,
+      explanation: None,
+      equivalent: None,
+      text: None,
+      recommendation: None,
+      error_map: None,
+      scale_layout: None,
+      timestamp_ns: 0,
+    }
+  }
+}
+
+pub struct DiagnosisBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DiagnosisBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_session_id(&mut self, session_id: u64) {
+    self.fbb_.push_slot::<u64>(Diagnosis::VT_SESSION_ID, session_id, 0);
+  }
+  #[inline]
+  pub fn add_site_id(&mut self, site_id: u64) {
+    self.fbb_.push_slot::<u64>(Diagnosis::VT_SITE_ID, site_id, 0);
+  }
+  #[inline]
+  pub fn add_site_ordinal(&mut self, site_ordinal: u32) {
+    self.fbb_.push_slot::<u32>(Diagnosis::VT_SITE_ORDINAL, site_ordinal, 0);
+  }
+  #[inline]
+  pub fn add_call_seq(&mut self, call_seq: u64) {
+    self.fbb_.push_slot::<u64>(Diagnosis::VT_CALL_SEQ, call_seq, 0);
+  }
+  #[inline]
+  pub fn add_rows(&mut self, rows: u64) {
+    self.fbb_.push_slot::<u64>(Diagnosis::VT_ROWS, rows, 0);
+  }
+  #[inline]
+  pub fn add_readings(&mut self, readings: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReadingResult<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_READINGS, readings);
+  }
+  #[inline]
+  pub fn add_skipped(&mut self, skipped: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<KeyValue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_SKIPPED, skipped);
+  }
+  #[inline]
+  pub fn add_explanation(&mut self, explanation: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_EXPLANATION, explanation);
+  }
+  #[inline]
+  pub fn add_equivalent(&mut self, equivalent: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_EQUIVALENT, equivalent);
+  }
+  #[inline]
+  pub fn add_text(&mut self, text: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_TEXT, text);
+  }
+  #[inline]
+  pub fn add_recommendation(&mut self, recommendation: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_RECOMMENDATION, recommendation);
+  }
+  #[inline]
+  pub fn add_error_map(&mut self, error_map: ::flatbuffers::WIPOffset<ErrorMap<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<ErrorMap>>(Diagnosis::VT_ERROR_MAP, error_map);
+  }
+  #[inline]
+  pub fn add_scale_layout(&mut self, scale_layout: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Diagnosis::VT_SCALE_LAYOUT, scale_layout);
+  }
+  #[inline]
+  pub fn add_timestamp_ns(&mut self, timestamp_ns: u64) {
+    self.fbb_.push_slot::<u64>(Diagnosis::VT_TIMESTAMP_NS, timestamp_ns, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DiagnosisBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DiagnosisBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Diagnosis<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Diagnosis<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Diagnosis");
+      ds.field("session_id", &self.session_id());
+      ds.field("site_id", &self.site_id());
+      ds.field("site_ordinal", &self.site_ordinal());
+      ds.field("call_seq", &self.call_seq());
+      ds.field("rows", &self.rows());
+      ds.field("readings", &self.readings());
+      ds.field("skipped", &self.skipped());
+      ds.field("explanation", &self.explanation());
+      ds.field("equivalent", &self.equivalent());
+      ds.field("text", &self.text());
+      ds.field("recommendation", &self.recommendation());
+      ds.field("error_map", &self.error_map());
+      ds.field("scale_layout", &self.scale_layout());
+      ds.field("timestamp_ns", &self.timestamp_ns());
+      ds.finish()
+  }
+}
 pub enum EnvelopeOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3449,6 +4336,21 @@ impl<'a> Envelope<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn record_as_diagnosis(&self) -> Option<Diagnosis<'a>> {
+    if self.record_type() == Record::Diagnosis {
+      self.record().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Diagnosis::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Envelope<'_> {
@@ -3464,6 +4366,7 @@ impl ::flatbuffers::Verifiable for Envelope<'_> {
           Record::Session => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Session>>("Record::Session", pos),
           Record::Observation => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Observation>>("Record::Observation", pos),
           Record::Closing => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Closing>>("Record::Closing", pos),
+          Record::Diagnosis => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Diagnosis>>("Record::Diagnosis", pos),
           _ => Ok(()),
         }
      })?
@@ -3548,6 +4451,13 @@ impl ::core::fmt::Debug for Envelope<'_> {
         },
         Record::Closing => {
           if let Some(x) = self.record_as_closing() {
+            ds.field("record", &x)
+          } else {
+            ds.field("record", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Record::Diagnosis => {
+          if let Some(x) = self.record_as_diagnosis() {
             ds.field("record", &x)
           } else {
             ds.field("record", &"InvalidFlatbuffer: Union discriminant does not match value.")

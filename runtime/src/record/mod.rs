@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 /// Schema version written into every record. Bump MINOR for added fields (old readers keep
 /// working), MAJOR for anything an old reader would misread.
 pub const SCHEMA_MAJOR: u16 = 1;
-pub const SCHEMA_MINOR: u16 = 0;
+pub const SCHEMA_MINOR: u16 = 1;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RecordError {
@@ -223,6 +223,94 @@ pub struct GemmObservation {
     pub timestamp_ns: u64,
 }
 
+/// One reading of a call's contract in a diagnosis (see [`crate::diagnosis`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadingSummary {
+    /// Stable id: `declared`, `a-scales-inner-major`, `a-fnuz`, ...
+    pub id: String,
+    pub description: String,
+    pub declared: bool,
+    pub cosine: f64,
+    pub nmse: f64,
+    pub norm_ratio: f64,
+    /// Values where exactly one side is finite.
+    pub nonfinite_mismatch: u64,
+    /// Whether this reading reproduces production.
+    pub explains: bool,
+}
+
+/// Bad rows are every `period`-th row (i % period == offset) from `first_row`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowPeriodSummary {
+    pub period: u64,
+    pub offset: u64,
+    pub first_row: u64,
+}
+
+/// Where a diagnosed call's errors are (see [`crate::diagnosis::ErrorMap`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorMapSummary {
+    pub m: u64,
+    pub rows_checked: u64,
+    /// At most [`ErrorMapSummary::MAX_ROWS`] listed; `bad_rows_total` counts them all.
+    pub bad_rows: Vec<u64>,
+    pub bad_rows_total: u64,
+    pub row_period: Option<RowPeriodSummary>,
+    pub col_block: u64,
+    pub col_blocks: u64,
+    pub bad_col_blocks: Vec<u64>,
+    /// None without A (B) block scales.
+    pub bad_a_scale_blocks: Option<Vec<u64>>,
+    pub bad_b_scale_blocks: Option<Vec<u64>>,
+    pub summary: String,
+}
+
+impl ErrorMapSummary {
+    /// Bad rows listed in a record at most.
+    pub const MAX_ROWS: usize = 256;
+}
+
+/// A diagnosis pass over one call of a failing site: the reference under alternative readings
+/// of the contract, ranked best first, and the error map of the declared reading.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiagnosisRecord {
+    pub session_id: u64,
+    pub site_id: u64,
+    pub site_ordinal: u32,
+    /// The call diagnosed.
+    pub call_seq: u64,
+    /// Rows compared under every reading.
+    pub rows: u64,
+    /// Best first; the declared reading is among them.
+    pub readings: Vec<ReadingSummary>,
+    /// Readings that could not be evaluated on the call's buffers (description, why).
+    pub skipped: Vec<KeyValue>,
+    /// Id of the reading that explains production better than the declared contract.
+    pub explanation: Option<String>,
+    /// Descriptions of readings indistinguishable from the explanation.
+    pub equivalent: Vec<String>,
+    /// One sentence for the report.
+    pub text: String,
+    pub recommendation: Option<String>,
+    pub error_map: Option<ErrorMapSummary>,
+    /// One line per operand ("A scales: 1x128 blocks, grid 57x32, f32, OuterMajor, ld 32, ...").
+    pub scale_layout: Vec<String>,
+    pub timestamp_ns: u64,
+}
+
+impl DiagnosisRecord {
+    /// The reading that explains production, when one does.
+    pub fn explaining(&self) -> Option<&ReadingSummary> {
+        let id = self.explanation.as_deref()?;
+        self.readings.iter().find(|r| r.id == id)
+    }
+
+    /// The declared reading's result.
+    pub fn declared(&self) -> Option<&ReadingSummary> {
+        self.readings.iter().find(|r| r.declared)
+    }
+}
+
 /// Counters for one skip reason.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkipCount {
@@ -251,6 +339,8 @@ pub enum Record {
     Session(SessionRecord),
     Observation(GemmObservation),
     Closing(ClosingRecord),
+    /// Since schema 1.1.
+    Diagnosis(DiagnosisRecord),
 }
 
 impl Record {
@@ -259,6 +349,7 @@ impl Record {
             Record::Session(s) => s.session_id,
             Record::Observation(o) => o.session_id,
             Record::Closing(c) => c.session_id,
+            Record::Diagnosis(d) => d.session_id,
         }
     }
 }
