@@ -27,26 +27,38 @@
 //! Skip reasons (before a check runs) and `Polled::Failed` reasons (the check could not
 //! finish) are short, stable strings starting with "host: ".
 
-use super::backend::{Backend, CheckOutcome, CheckRequest, Polled, PreCall};
+use super::backend::{
+    Backend, CheckOutcome, CheckRequest, Diagnose, InjectRequest, Injected, Polled, PreCall,
+};
+use crate::diagnosis;
 use crate::formats::Format;
+use crate::inject::{self, CallRewrite, FaultClass, Operand, ScaleRewrite};
 use crate::intercept::{InterceptedGemm, Skip};
 use crate::metrics::{compare_logits, compare_matrix, top_k, LogitsMetrics, Metrics};
 use crate::oracle::{self, OracleOptions, OracleOutput};
 use crate::problem::{BiasAxis, GemmProblem, HostInputs, MatrixLayout, Scalar};
+use crate::record::DiagnosisRecord;
 use crate::record::{flags, CheckMode, LogitsRow};
 use crate::sketch::{self, DenseGemm, RowSample, SketchConfig};
 use crossbeam_queue::ArrayQueue;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Results kept for `poll` by default.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
 /// Largest single host copy a check makes (one operand, scales or D), in bytes.
 pub const MAX_COPY_BYTES: u64 = 1 << 30;
 
+/// Rows a diagnosis compares (all rows of smaller calls).
+pub const DIAGNOSIS_ROWS: u64 = 256;
+
 /// The host backend (see the module doc).
 pub struct HostBackend {
     results: ArrayQueue<Polled>,
     dropped: AtomicU64,
+    /// Diagnoses made per site on failing checks ([`Diagnose::IfFailing`]): one each.
+    diagnosed: Mutex<HashMap<u64, u32>>,
 }
 
 impl Default for HostBackend {
@@ -61,7 +73,11 @@ struct SavedC(Vec<u8>);
 impl HostBackend {
     /// A backend whose result queue holds `capacity` results (at least 1).
     pub fn new(capacity: usize) -> HostBackend {
-        HostBackend { results: ArrayQueue::new(capacity.max(1)), dropped: AtomicU64::new(0) }
+        HostBackend {
+            results: ArrayQueue::new(capacity.max(1)),
+            dropped: AtomicU64::new(0),
+            diagnosed: Mutex::new(HashMap::new()),
+        }
     }
 
     fn push(&self, result: Polled) {
@@ -114,10 +130,113 @@ impl Backend for HostBackend {
         // SAFETY: see before_call.
         let (problem, inputs, d) = unsafe { read_call(request.call, saved_c)? };
         let result = match check(request, &problem, &inputs, &d) {
-            Ok(outcome) => Polled::Done(Box::new(outcome)),
+            Ok(mut outcome) => {
+                if request.diagnose == Diagnose::IfFailing
+                    && !request.thresholds.judge(problem.class(), &outcome.metrics).is_empty()
+                    && self.first_diagnosis(request.site_id)
+                {
+                    // Diagnosed with the failing call itself; a diagnosis that cannot be made
+                    // is counted with the skips and the check still reported.
+                    match diagnose_call(request, &problem, &inputs, &d) {
+                        Ok(record) => outcome.diagnosis = Some(Box::new(record)),
+                        Err(reason) => {
+                            self.push(Polled::DiagnosisFailed { site_id: request.site_id, reason: reason.0 })
+                        }
+                    }
+                }
+                Polled::Done(Box::new(outcome))
+            }
             Err(reason) => Polled::Failed { site_ordinal: request.site_ordinal, reason: reason.0 },
         };
         self.push(result);
+        Ok(())
+    }
+
+    fn inject_before(&self, request: &InjectRequest) -> Result<Injected, Skip> {
+        let call = request.call;
+        let p = &call.problem;
+        if call.pointer_arrays.is_some() {
+            return Err(skip("fault injection into array-of-pointers calls"));
+        }
+        p.validate().map_err(|_| skip("invalid problem"))?;
+        // Every rewrite is computed before the first byte is written: all or nothing.
+        let mut planned: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
+        for rewrite in &request.before {
+            // SAFETY (reads and writes here and in inject_after): the host backend runs only
+            // without a GPU runtime, where the intercepted library works on host memory; the
+            // extents come from the validated problem, as for the checks.
+            let (addr, original, faulted) = match rewrite {
+                CallRewrite::Nothing => continue,
+                CallRewrite::ReplaceScale { operand, rewrite, spec, entries } => {
+                    let addr = match operand {
+                        Operand::A => call.buffers.a_scale,
+                        Operand::B => call.buffers.b_scale,
+                    };
+                    let bytes = bytes_of(spec.format, *entries as u128)?;
+                    let original = unsafe { read_bytes(addr, bytes, "scale")? };
+                    let class = match rewrite {
+                        ScaleRewrite::Transposed => FaultClass::ScaleTranspose,
+                        ScaleRewrite::Ones => FaultClass::ScaleIgnore,
+                    };
+                    let faulted = inject::prepare_scale_fault(p, class, *operand, &original)
+                        .map_err(|e| Skip(format!("host: {e}")))?;
+                    (addr, original, faulted)
+                }
+                CallRewrite::FlipTranspose { operand, problem: flipped } => {
+                    let (addr, layout, (rows, cols)) = match operand {
+                        Operand::A => (call.buffers.a, p.a, p.a_stored_dims()),
+                        Operand::B => (call.buffers.b, p.b, p.b_stored_dims()),
+                    };
+                    let original =
+                        unsafe { read_bytes(addr, matrix_bytes(&layout, rows, cols, p.batch)?, "operand")? };
+                    let faulted = inject::prepare_transpose_fault(p, *operand, flipped, &original)
+                        .map_err(|e| Skip(format!("host: {e}")))?;
+                    (addr, original, faulted)
+                }
+            };
+            planned.push((addr, original, faulted));
+        }
+        let mut saved = Vec::with_capacity(planned.len());
+        for (addr, original, faulted) in planned {
+            unsafe { write_bytes(addr, &faulted) };
+            saved.push((addr, original));
+        }
+        Ok(Injected(Some(Box::new(SavedInputs(saved)))))
+    }
+
+    fn inject_after(&self, request: &InjectRequest, saved: Injected) -> Result<(), Skip> {
+        // The caller's inputs first: they are restored whatever happens to the output faults.
+        if let Some(saved) = saved.0.and_then(|b| b.downcast::<SavedInputs>().ok()) {
+            for (addr, original) in saved.0.iter().rev() {
+                // SAFETY: see inject_before; the same range it read and wrote.
+                unsafe { write_bytes(*addr, original) };
+            }
+        }
+        if request.after.is_empty() {
+            return Ok(());
+        }
+        let call = request.call;
+        let p = &call.problem;
+        if call.pointer_arrays.is_some() {
+            return Err(skip("fault injection into array-of-pointers calls"));
+        }
+        let bytes = matrix_bytes(&p.d, p.m, p.n, p.batch)?;
+        // SAFETY: see inject_before; D's declared extent.
+        let mut d = unsafe { read_bytes(call.buffers.d, bytes, "d")? };
+        for class in &request.after {
+            inject::apply_output_fault(p, *class, &mut d, request.seed)
+                .map_err(|e| Skip(format!("host: {e}")))?;
+        }
+        // SAFETY: as above.
+        unsafe { write_bytes(call.buffers.d, &d) };
+        Ok(())
+    }
+
+    fn diagnose(&self, request: &CheckRequest) -> Result<(), Skip> {
+        // SAFETY: see before_call.
+        let (problem, inputs, d) = unsafe { read_call(request.call, None)? };
+        let record = diagnose_call(request, &problem, &inputs, &d)?;
+        self.push(Polled::Diagnosis(Box::new(record)));
         Ok(())
     }
 
@@ -134,6 +253,62 @@ impl Backend for HostBackend {
 
 fn skip(reason: &str) -> Skip {
     Skip(format!("host: {reason}"))
+}
+
+impl HostBackend {
+    /// Whether `site_id` has not been diagnosed on a failing check yet (and now counts as done).
+    fn first_diagnosis(&self, site_id: u64) -> bool {
+        let mut m = self.diagnosed.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= 4096 && !m.contains_key(&site_id) {
+            return false;
+        }
+        let n = m.entry(site_id).or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+}
+
+/// (address, original bytes) of inputs a fault rewrote, to put back after the call.
+struct SavedInputs(Vec<(u64, Vec<u8>)>);
+
+/// Writes `bytes` at host address `addr`.
+///
+/// # Safety
+/// `addr..addr + bytes.len()` must be writable host memory that nothing else is using.
+unsafe fn write_bytes(addr: u64, bytes: &[u8]) {
+    if addr == 0 || bytes.is_empty() {
+        return;
+    }
+    // SAFETY: the caller guarantees the range is writable.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+}
+
+/// The diagnosis of one call: every reading of the contract on a row sample (all rows of a
+/// small call), ranked, with the error map of the declared reading.
+fn diagnose_call(
+    request: &CheckRequest,
+    p: &GemmProblem,
+    inputs: &HostInputs,
+    d: &[u8],
+) -> Result<DiagnosisRecord, Skip> {
+    let total = p.batch * p.m;
+    let sample = RowSample::new(crate::rng::mix64(request.sketch.seed ^ 0xd1a6), total, DIAGNOSIS_ROWS);
+    let rows = sample.rows(request.site_epoch);
+    let (prod, reference) = exact_rows(p, inputs, d, &rows)?;
+    let n = p.n as usize;
+    let prod_rows: Vec<(u64, Vec<f64>)> =
+        rows.iter().zip(prod.chunks_exact(n.max(1))).map(|(r, v)| (*r, v.to_vec())).collect();
+    let found =
+        diagnosis::diagnose(p, inputs, &prod_rows).map_err(|e| Skip(format!("host: diagnosis: {e}")))?;
+    let map = diagnosis::error_map(&prod, &reference, &rows, n, p);
+    Ok(diagnosis::to_record(
+        &found,
+        (request.site_id, request.site_ordinal),
+        request.call_seq,
+        rows.len() as u64,
+        Some(&map),
+        p,
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
