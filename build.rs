@@ -88,7 +88,7 @@ fn main() {
     let mut vendor_objects = build.compile_intermediates();
     vendor_objects.extend(objects.iter().cloned());
     let vendor = out_dir.join(VENDOR_LIBRARY);
-    link(&build, &vendor_objects, &vendor, &shared_args(VENDOR_LIBRARY), &["-lm", "-lpthread"]);
+    link(&build, &vendor_objects, &vendor, &shared_args(VENDOR_LIBRARY), &["-lm", "-lpthread", "-ldl"]);
     println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_VENDOR={}", vendor.display());
 
     // The app calls the vendor symbols through its PLT (DT_NEEDED libfixture_vendor.so).

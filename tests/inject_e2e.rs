@@ -343,3 +343,49 @@ fn every_site_mode_diagnoses_passing_sites_with_the_declared_reading_best() {
         assert_eq!(d.error_map.as_ref().unwrap().bad_rows_total, 0);
     }
 }
+
+const POLICY: &str = r#"
+[[rule]]
+name = "no elementwise GEMMs in CK-free mode"
+why = "an example rule: the fixture's BLAS launches an elementwise kernel"
+when = { env = { FIXTURE_CK_FREE = "1" } }
+sites = { a_format = "e4m3*" }
+deny = { kernel = "*elementwise*" }
+"#;
+
+#[test]
+fn blas_calls_name_the_kernel_that_served_them_and_the_policy_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let policy_path = policy.display().to_string();
+    let launch = env!("QUANTSHADOW_FIXTURE_LAUNCH");
+    let r = run(
+        "full",
+        None,
+        &[("QUANTSHADOW_POLICY", &policy_path), ("FIXTURE_CK_FREE", "1"), ("FIXTURE_VENDOR_LAUNCH", launch)],
+    );
+    assert_eq!(call_hashes(&r.out), plain(), "results unchanged");
+    for o in r.observations() {
+        // cuBLASLt calls launch the fixture kernel inside; cuBLAS GemmEx calls launch none.
+        let expected = (o.entry_point == "cublasLtMatmul").then_some("qs_fixture_elementwise");
+        assert_eq!(o.backend.as_deref(), expected, "site {} via {}", o.site_ordinal, o.entry_point);
+    }
+    assert_eq!(setting(&r, "policy"), Some(policy_path.as_str()));
+    assert_eq!(setting(&r, "policy.text"), Some(POLICY));
+    assert_eq!(setting(&r, "policy.env"), Some("FIXTURE_CK_FREE"));
+    assert_eq!(setting(&r, "env.FIXTURE_CK_FREE"), Some("1"));
+
+    // A policy that does not parse: one line saying so, nothing recorded, nothing else changes.
+    std::fs::write(&policy, "[[rule]]\nname = \"x\"\n").unwrap();
+    let bad = run("full", None, &[("QUANTSHADOW_POLICY", &policy_path)]);
+    let stderr = String::from_utf8_lossy(&bad.out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("policy")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("neither `deny` nor `require`") && lines[0].contains("no backend policy"),
+        "{stderr}"
+    );
+    assert_eq!(setting(&bad, "policy"), None);
+    assert!(bad.failing_sites().is_empty());
+}
