@@ -14,16 +14,20 @@
 use crate::collect::Collector;
 use crate::fixture::{fixture_gemm, Fault};
 use crate::report::{self, SiteKey, SiteStatus};
+use quantshadow_runtime::diagnosis;
 use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::metrics::{compare_logits, compare_matrix, top_k, LogitsMetrics};
 use quantshadow_runtime::oracle::{decode_output, reference_gemm, OracleOptions};
-use quantshadow_runtime::problem::{GemmProblem, Scalar, ScaleGranularity, ScaleSpec, ScaleStorage};
+use quantshadow_runtime::problem::{
+    GemmProblem, HostInputs, Scalar, ScaleGranularity, ScaleSpec, ScaleStorage,
+};
 use quantshadow_runtime::quantize::random_inputs;
 use quantshadow_runtime::record::{
     self, flags, CheckMode, ClosingRecord, GemmObservation, KeyValue, LogitsRow, ProblemSummary, Record,
     SessionRecord,
 };
 use quantshadow_runtime::rng::{hash3, mix64};
+use quantshadow_runtime::thresholds::Thresholds;
 use quantshadow_runtime::transport::{Address, Client, ClientOptions, ClientStats};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -504,6 +508,8 @@ fn run_configuration(
 
     let mut call_seq = 0u64;
     let mut checked = 0u64;
+    let thresholds = Thresholds::default();
+    let mut diagnosed = BTreeSet::new();
     for (step, m) in [PREFILL_TOKENS, DECODE_TOKENS].into_iter().enumerate() {
         for (ordinal, site) in sites.iter().enumerate() {
             let fault =
@@ -558,6 +564,26 @@ fn run_configuration(
                 timestamp_ns: now_ns(),
             };
             client.send(record::encode(&Record::Observation(observation)));
+            // A failing site is diagnosed once, as the shim does: which reading of the
+            // contract reproduces what the library computed, and where the errors are.
+            let failing = !thresholds.judge(problem.class(), &metrics).is_empty();
+            if failing && diagnosed.insert(ordinal) {
+                let site_id = hash3(fnv(&site.name), site.n, site.k);
+                let (found, map, rows) =
+                    diagnose_demo_call(&problem, &inputs, &production.values, &reference.values)
+                        .map_err(gemm_err)?;
+                let mut d = diagnosis::to_record(
+                    &found,
+                    (site_id, ordinal as u32),
+                    call_seq,
+                    rows,
+                    Some(&map),
+                    &problem,
+                );
+                d.session_id = session_id;
+                d.timestamp_ns = now_ns();
+                client.send(record::encode(&Record::Diagnosis(d)));
+            }
             call_seq += 1;
             checked += 1;
         }
@@ -577,6 +603,22 @@ fn run_configuration(
         Duration::from_secs(10),
     );
     Ok(stats)
+}
+
+/// The diagnosis of one demo call over all its rows, and the error map of the declared reading.
+fn diagnose_demo_call(
+    problem: &GemmProblem,
+    inputs: &HostInputs,
+    production: &[f64],
+    reference: &[f64],
+) -> Result<(diagnosis::Diagnosis, diagnosis::ErrorMap, u64), String> {
+    let (m, n) = (problem.m as usize, problem.n as usize);
+    let rows: Vec<u64> = (0..problem.m).collect();
+    let prod_rows: Vec<(u64, Vec<f64>)> =
+        production.chunks_exact(n).take(m).enumerate().map(|(i, v)| (i as u64, v.to_vec())).collect();
+    let found = diagnosis::diagnose(problem, inputs, &prod_rows).map_err(|e| e.to_string())?;
+    let map = diagnosis::error_map(&production[..m * n], &reference[..m * n], &rows, n, problem);
+    Ok((found, map, problem.m))
 }
 
 /// Logits metrics of the LM head: the row with the largest KL, and the top-k of the first rows.

@@ -23,7 +23,7 @@
 mod error_map;
 mod readings;
 
-pub use error_map::{error_map, onset_m, scale_layout_summary, ErrorMap, RowPeriod};
+pub use error_map::{error_map, onset_m, scale_layout_lines, scale_layout_summary, ErrorMap, RowPeriod};
 pub use readings::{alternatives, Reading, ReadingKind};
 
 use crate::metrics::{compare_matrix, Metrics};
@@ -182,15 +182,23 @@ pub fn rank(mut results: Vec<ReadingResult>, skipped: Vec<(Reading, String)>) ->
             }
             t
         }
+        None if declared.explains() && declared.nonfinite_mismatch > 0 => format!(
+            "production has {} NaN/Inf values that no reading of the contract produces; its finite values match the declared contract (cosine {:.5}, norm ratio {:.3})",
+            declared.nonfinite_mismatch, dm.cosine, dm.norm_ratio
+        ),
         None if declared.explains() => format!(
             "the declared contract is the best reading (cosine {:.5}, norm ratio {:.3}); no alternative reading explains production better",
             dm.cosine, dm.norm_ratio
         ),
         None => {
-            let alt = results.iter().find(|r| r.reading.kind != ReadingKind::Declared);
+            // An alternative is worth naming only when it comes closer than the declared one.
+            let alt = results
+                .iter()
+                .find(|r| r.reading.kind != ReadingKind::Declared)
+                .filter(|a| a.key() < declared.key());
             let alt = alt.map_or(String::new(), |a| {
                 format!(
-                    "; best alternative is {} (cosine {:.4}, norm ratio {:.3})",
+                    "; the closest alternative, {}, gives cosine {:.4}, norm ratio {:.3}",
                     a.reading.description, a.metrics.cosine, a.metrics.norm_ratio
                 )
             });
