@@ -1,6 +1,6 @@
 """quantshadow GPU verification 1 and 2: real PyTorch GEMMs under the shim.
 
-    python3 tests/gpu/torch_ops.py OUT.json [--graph-replays N]
+    python3 tests/gpu/torch_ops.py OUT.json [--graph-replays N] [--seed S]
 
 Runs a@b in bf16/fp16/fp32, F.linear with bias (cuBLASLt BIAS epilogue), bmm, and
 torch._scaled_mm FP8 e4m3 with tensor-wise and row-wise scales, for M in {1, 55, 56, 57, 4096},
@@ -25,9 +25,12 @@ def main():
     replays = 20
     if "--graph-replays" in sys.argv:
         replays = int(sys.argv[sys.argv.index("--graph-replays") + 1])
+    seed = 1234
+    if "--seed" in sys.argv:
+        seed = int(sys.argv[sys.argv.index("--seed") + 1])
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(1234)
+    g = torch.Generator(device=dev).manual_seed(seed)
     results = {}
     N, K = 1536, 1024
 
