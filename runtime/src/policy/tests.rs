@@ -97,3 +97,33 @@ fn malformed_policies_are_clear_errors() {
     assert!(Policy::load(Path::new("/nonexistent/policy.toml")).is_err());
     assert!(Policy::parse("", "empty.toml").unwrap().rules.is_empty());
 }
+
+#[test]
+fn shipped_policies_parse_and_say_what_they_are_about() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/policies");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let p = Policy::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!p.rules.is_empty() && p.rules.iter().all(|r| r.why.is_some()), "{}", path.display());
+        seen += 1;
+    }
+    assert!(seen >= 2);
+    let ck = Policy::load(&dir.join("atom_ck_free.toml")).unwrap();
+    assert_eq!(ck.env_vars(), ["ATOM_CK_FREE"]);
+    let asm = site(3, "hipModuleLaunchKernel", Some("_ZN5aiter19asm_a8w8_gemm_kernel"), "e4m3fnuz");
+    let v = ck.evaluate(&process("gfx950", &[("ATOM_CK_FREE", "1")]), &asm);
+    assert_eq!(v.len(), 2, "{v:?}");
+    let triton = Policy::load(&dir.join("triton_fp8_only.toml")).unwrap();
+    let on = process("sm_90", &[("QS_TRITON_FP8", "1")]);
+    let lt = site(
+        4,
+        "cublasLtMatmul",
+        Some("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x128"),
+        "e4m3fn",
+    );
+    assert_eq!(triton.evaluate(&on, &lt).len(), 2);
+    let ours = site(5, "cuLaunchKernelEx", Some("qs_w8a8_block_fp8_matmul"), "e4m3fn");
+    assert!(triton.evaluate(&on, &ours).is_empty());
+    assert!(triton.evaluate(&process("sm_90", &[]), &lt).is_empty());
+}
