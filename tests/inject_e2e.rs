@@ -375,6 +375,15 @@ fn blas_calls_name_the_kernel_that_served_them_and_the_policy_is_recorded() {
     assert_eq!(setting(&r, "policy.text"), Some(POLICY));
     assert_eq!(setting(&r, "policy.env"), Some("FIXTURE_CK_FREE"));
     assert_eq!(setting(&r, "env.FIXTURE_CK_FREE"), Some("1"));
+    // The shim says each violation once as it sees it (the three FP8 cuBLASLt sites).
+    let stderr = String::from_utf8_lossy(&r.out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("backend policy:")).collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(
+        lines.iter().all(|l| l.contains("kernel `qs_fixture_elementwise` via `cublasLtMatmul`")
+            && l.contains("rule \"no elementwise GEMMs in CK-free mode\" denies")),
+        "{stderr}"
+    );
 
     // A policy that does not parse: one line saying so, nothing recorded, nothing else changes.
     std::fs::write(&policy, "[[rule]]\nname = \"x\"\n").unwrap();

@@ -48,6 +48,10 @@ pub struct Engine {
     diagnoses_wanted: AtomicUsize,
     /// Diagnosis passes started whose result has not come back (shutdown waits for them).
     diagnoses_running: AtomicUsize,
+    /// Process facts the backend policy is evaluated against, and the (site, rule) pairs
+    /// already reported (each violation is logged once; the report fails the run).
+    policy_facts: crate::policy::ProcessFacts,
+    policy_seen: Mutex<std::collections::HashSet<(u32, String)>>,
 }
 
 /// Where a site's diagnosis stands.
@@ -247,6 +251,7 @@ impl Engine {
                 }
             }
         }
+        let session_arch = device_arch.clone();
         let session = SessionRecord {
             session_id,
             host: hostname(),
@@ -273,6 +278,16 @@ impl Engine {
             log::warn("QUANTSHADOW_COLLECTOR is not set: results are counted, not recorded");
         }
         let sites = Sites::new(config.names.as_deref());
+        let policy_facts = crate::policy::ProcessFacts {
+            arch: session_arch.clone(),
+            env: config
+                .policy
+                .as_ref()
+                .map(|(p, _)| {
+                    p.env_vars().into_iter().filter_map(|k| std::env::var(&k).ok().map(|v| (k, v))).collect()
+                })
+                .unwrap_or_default(),
+        };
         log::info(&format!(
             "started: mode {}, sampling {}, backend {}",
             config.mode.name(),
@@ -295,6 +310,8 @@ impl Engine {
             diagnoses: Mutex::new(HashMap::new()),
             diagnoses_wanted: AtomicUsize::new(0),
             diagnoses_running: AtomicUsize::new(0),
+            policy_facts,
+            policy_seen: Mutex::new(Default::default()),
         };
         // SAFETY: register plain extern "C" functions (run once at exit / in fork children).
         unsafe {
@@ -638,7 +655,31 @@ impl Engine {
             flags: 0,
             timestamp_ns: now_ns(),
         };
+        self.check_policy(&o);
         self.send(&Record::Observation(o));
+    }
+
+    /// Logs each backend-policy violation once per site and rule, as it is first seen; the
+    /// report evaluates the recorded policy again and fails the configuration.
+    fn check_policy(&self, o: &GemmObservation) {
+        let Some((policy, _)) = &self.config.policy else { return };
+        let site = crate::policy::SiteFacts {
+            ordinal: o.site_ordinal,
+            entry: o.entry_point.clone(),
+            kernel: o.backend.clone(),
+            name: o.site_name.clone(),
+            a_format: o.problem.a_format.name().to_string(),
+            b_format: o.problem.b_format.name().to_string(),
+            d_format: o.problem.d_format.name().to_string(),
+        };
+        for v in policy.evaluate(&self.policy_facts, &site) {
+            let mut seen = self.policy_seen.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.len() < 4096 && seen.insert((v.site, v.rule.clone())) {
+                drop(seen);
+                let why = v.why.as_deref().map_or(String::new(), |w| format!(" ({w})"));
+                log::error(&format!("backend policy: {v}{why}"));
+            }
+        }
     }
 
     /// Turns finished checks into records; returns how many it handled.
@@ -697,6 +738,7 @@ impl Engine {
                         flags: o.flags | if injected { record::flags::INJECTED } else { 0 },
                         timestamp_ns: now_ns(),
                     };
+                    self.check_policy(&obs);
                     self.send(&Record::Observation(obs));
                     match diagnosis {
                         Some(d) => {
