@@ -72,7 +72,9 @@ INJECT_D = ["f32", "f16", "bf16", "e4m3fn", "e4m3fnuz", "e5m2", "e5m2fnuz", "int
 
 
 def inject_spec(d):
-    return spec("qs_inject.cu", [f"QS_D_FMT={FORMATS[d]}"], [f"qs_inject_output_{d}", "qs_inject_scale"])
+    return spec(
+        "qs_inject.cu", [f"QS_D_FMT={FORMATS[d]}"], [f"qs_inject_output_{d}", "qs_inject_scale", "qs_inject_permute"]
+    )
 
 
 def builtin_specs(full):

@@ -494,3 +494,26 @@ static_assert(sizeof(QsInjectParams) == 248, "QsInjectParams");
 static_assert(__builtin_offsetof(QsInjectParams, src) == 48 && __builtin_offsetof(QsInjectParams, dst) == 112, "QsInjectParams scales");
 static_assert(__builtin_offsetof(QsInjectParams, m) == 176 && __builtin_offsetof(QsInjectParams, op) == 224, "QsInjectParams tail");
 #endif
+
+// One launch of qs_inject_permute (no-transpose: an operand rewritten so that the library,
+// reading the declared layout, computes the call with that operand's transpose flipped). For
+// every batch item b and logical element (x, y) of op(X), x < outer, y < inner:
+//   dst[b * dst_batch_stride + x * dst_outer_stride + y * dst_inner_stride] =
+//   src[b * src_batch_stride + x * src_outer_stride + y * src_inner_stride]
+// in elements of elem_bytes bytes (1, 2 or 4). An offset at or past its side's extent is not
+// touched (QS_STATUS_OUT_OF_BOUNDS).
+struct QsPermuteParams {
+    qs_u64 src_ptr, dst_ptr;
+    qs_u64 batch, outer, inner;
+    qs_u64 src_batch_stride, src_outer_stride, src_inner_stride;
+    qs_u64 dst_batch_stride, dst_outer_stride, dst_inner_stride;
+    qs_u64 src_extent, dst_extent; // elements each side holds
+    qs_u64 status_ptr;             // u32 status word (QS_STATUS_*), 0 = none
+    qs_u32 elem_bytes;
+    qs_u32 reserved;
+};
+static_assert(sizeof(QsPermuteParams) == 120, "QsPermuteParams");
+#if defined(QS_CHECK_LAYOUT)
+static_assert(__builtin_offsetof(QsPermuteParams, outer) == 24 && __builtin_offsetof(QsPermuteParams, src_extent) == 88, "QsPermuteParams extents");
+static_assert(__builtin_offsetof(QsPermuteParams, elem_bytes) == 112, "QsPermuteParams tail");
+#endif

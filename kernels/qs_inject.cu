@@ -6,6 +6,8 @@
 //     threads) per row at a time; ops GARBAGE, HALF, TILE_ROWS, NAN, ZERO, in place on D.
 //   qs_inject_scale: grid-stride over (item, outer block, inner block) of a scale grid; ops
 //     SCALE_TRANSPOSE (src -> dst with each side's storage) and SCALE_FILL (dst only).
+//   qs_inject_permute (QsPermuteParams): grid-stride over (item, x, y) of op(X); the
+//     no-transpose operand rewrite (transforms.rs prepare_transpose_fault), src -> dst.
 #include "qs_device.h"
 
 #ifndef QS_D_FMT
@@ -186,5 +188,31 @@ QS_GLOBAL void qs_inject_scale(QsInjectParams P) {
             code = qs_load_code_rt(P.src.format, src.ptr, se);
         }
         qs_store_code_bits(out, bits, de, code);
+    }
+}
+
+// No-transpose: dst (the caller's operand) gets, at each element's declared position, what the
+// saved original (src) holds at that element's position under the flipped transpose. Positions
+// the declared layout never reads keep their bytes. Consecutive threads take consecutive y.
+QS_GLOBAL void qs_inject_permute(QsPermuteParams P) {
+    if (P.elem_bytes != 1 && P.elem_bytes != 2 && P.elem_bytes != 4) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
+        return;
+    }
+    const qs_u64 plane = P.outer * P.inner;
+    const qs_u64 total = P.batch * plane;
+    const qs_u8* src = (const qs_u8*)P.src_ptr;
+    qs_u8* dst = (qs_u8*)P.dst_ptr;
+    for (qs_u64 t = (qs_u64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (qs_u64)gridDim.x * blockDim.x) {
+        const qs_u64 b = t / plane, x = (t % plane) / P.inner, y = t % P.inner;
+        const qs_u64 so = b * P.src_batch_stride + x * P.src_outer_stride + y * P.src_inner_stride;
+        const qs_u64 de = b * P.dst_batch_stride + x * P.dst_outer_stride + y * P.dst_inner_stride;
+        if (so >= P.src_extent || de >= P.dst_extent) {
+            qs_flag(P.status_ptr, QS_STATUS_OUT_OF_BOUNDS);
+            continue;
+        }
+        if (P.elem_bytes == 1) dst[de] = src[so];
+        else if (P.elem_bytes == 2) ((qs_u16*)dst)[de] = ((const qs_u16*)src)[so];
+        else ((qs_u32*)dst)[de] = ((const qs_u32*)src)[so];
     }
 }

@@ -376,20 +376,95 @@ fn gpu_inject(checker: &GpuChecker) -> Vec<Outcome> {
         };
         out.push(run().unwrap_or_else(|e| error_outcome("inject", case, e)));
     }
+    out.extend(gpu_inject_permute(checker));
+    out
+}
+
+/// `no-transpose`: `qs_inject_permute` against `inject::prepare_transpose_fault`, the
+/// destination starting as the original bytes (it is the caller's buffer in the shim), so ld
+/// padding must come through untouched too.
+fn gpu_inject_permute(checker: &GpuChecker) -> Vec<Outcome> {
+    use quantshadow_runtime::inject::{self, Operand};
+    let mut cases: Vec<(String, GemmProblem, Operand)> = vec![];
+    for f in [Format::Bf16, Format::E4m3fn, Format::F32] {
+        // Square A stored transposed (K x M), flipped to as-stored.
+        let mut p = GemmProblem::row_major(96, 40, 96, f, f, Format::Bf16);
+        p.trans_a = Transpose::T;
+        cases.push((format!("{f} A 96x96 transposed"), p, Operand::A));
+        // Square B, nn.Linear style (N x K stored, transposed).
+        let mut p = GemmProblem::row_major(33, 128, 128, f, f, Format::Bf16);
+        p.trans_b = Transpose::T;
+        cases.push((format!("{f} B 128x128 transposed"), p, Operand::B));
+    }
+    for f in [Format::Bf16, Format::E4m3fn] {
+        // Square A as stored, with ld padding.
+        let mut p = GemmProblem::row_major(64, 24, 64, f, f, Format::Bf16);
+        p.a.ld = 80;
+        p.a.batch_stride = 64 * 80;
+        cases.push((format!("{f} A 64x64 ld 80"), p, Operand::A));
+        // Batched: three items apart by more than one matrix, column-major B.
+        let mut p = GemmProblem::row_major(48, 48, 48, f, f, Format::Bf16);
+        p.batch = 3;
+        p.a.batch_stride = 48 * 48 + 64;
+        p.b = MatrixLayout::packed(f, Order::ColMajor, 48, 48);
+        p.b.batch_stride = 48 * 48 + 32;
+        p.d.batch_stride = 48 * 48;
+        cases.push((format!("{f} batch 3 A 48x48"), p.clone(), Operand::A));
+        cases.push((format!("{f} batch 3 B 48x48 column-major"), p, Operand::B));
+    }
+    let mut out = vec![];
+    for (name, problem, operand) in cases {
+        let case = format!("no-transpose {name}");
+        let run = || -> Result<Outcome, String> {
+            let flipped = inject::flip_transpose(&problem, operand)?;
+            let (layout, (rows, cols)) = match operand {
+                Operand::A => (problem.a, problem.a_stored_dims()),
+                Operand::B => (problem.b, problem.b_stored_dims()),
+            };
+            let f = layout.format;
+            let elements = layout.required_elements(rows, cols, problem.batch) as usize;
+            let mut rng = SplitMix64::new(elements as u64 ^ 0x9e3);
+            let mut src = vec![0u8; f.bytes_for(elements)];
+            for i in 0..elements {
+                f.store_code(&mut src, i, f.encode(rng.normal()));
+            }
+            let host = inject::prepare_transpose_fault(&problem, operand, &flipped, &src)
+                .map_err(|e| e.to_string())?;
+            if host == src {
+                return Err("the host rewrite changed nothing (case too symmetric)".into());
+            }
+            let saved = checker.upload(&src).map_err(|e| e.to_string())?;
+            let target = checker.upload(&src).map_err(|e| e.to_string())?;
+            let params =
+                abi::QsPermuteParams::transpose_fault(&problem, operand, &flipped, saved.ptr, target.ptr, 0)
+                    .map_err(|e| e.to_string())?;
+            let cfg = abi::inject_permute_launch(&params).map_err(|e| e.to_string())?;
+            let run = InjectRun {
+                d_format: problem.d.format,
+                entry: "qs_inject_permute",
+                cfg,
+                params,
+                out: &target,
+                expected: &host,
+            };
+            run.compare(checker, &case)
+        };
+        out.push(run().unwrap_or_else(|e| error_outcome("inject", case, e)));
+    }
     out
 }
 
 /// One inject kernel launch whose output buffer must hold the host transform's bytes.
-struct InjectRun<'a> {
+struct InjectRun<'a, P: abi::KernelParams> {
     d_format: Format,
     entry: &'a str,
     cfg: abi::LaunchConfig,
-    params: abi::QsInjectParams,
+    params: P,
     out: &'a DeviceBuffer,
     expected: &'a [u8],
 }
 
-impl InjectRun<'_> {
+impl<P: abi::KernelParams> InjectRun<'_, P> {
     fn compare(&self, checker: &GpuChecker, case: &str) -> Result<Outcome, String> {
         let build = KernelBuild::inject(self.d_format).map_err(|e| e.to_string())?;
         checker

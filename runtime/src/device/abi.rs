@@ -1151,6 +1151,8 @@ pub enum ParamKind {
     Selftest,
     /// [`QsInjectParams`].
     Inject,
+    /// [`QsPermuteParams`] (`qs_inject_permute`).
+    InjectPermute,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -1589,9 +1591,124 @@ pub fn inject_scale_launch(params: &QsInjectParams) -> Result<LaunchConfig, AbiE
     LaunchConfig::new([entries.div_ceil(BLOCK_THREADS as u64).clamp(1, 4096), 1, 1], BLOCK_THREADS)
 }
 
+/// qs_abi.h QsPermuteParams: one launch of `qs_inject_permute` (the `no-transpose` operand
+/// rewrite). For every batch item b and logical element (x, y) of op(X) (x < outer, y < inner):
+/// `dst[b * dst_batch_stride + x * dst_outer_stride + y * dst_inner_stride] =
+/// src[b * src_batch_stride + x * src_outer_stride + y * src_inner_stride]`, elements of
+/// `elem_bytes` bytes; an offset at or past its side's extent is not touched (OUT_OF_BOUNDS).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsPermuteParams {
+    pub src_ptr: u64,
+    pub dst_ptr: u64,
+    pub batch: u64,
+    pub outer: u64,
+    pub inner: u64,
+    pub src_batch_stride: u64,
+    pub src_outer_stride: u64,
+    pub src_inner_stride: u64,
+    pub dst_batch_stride: u64,
+    pub dst_outer_stride: u64,
+    pub dst_inner_stride: u64,
+    /// Elements each side holds.
+    pub src_extent: u64,
+    pub dst_extent: u64,
+    pub status_ptr: u64,
+    /// 1, 2 or 4.
+    pub elem_bytes: u32,
+    pub reserved: u32,
+}
+
+const _: () = {
+    assert!(size_of::<QsPermuteParams>() == 120);
+    assert!(offset_of!(QsPermuteParams, outer) == 24 && offset_of!(QsPermuteParams, src_extent) == 88);
+    assert!(offset_of!(QsPermuteParams, elem_bytes) == 112);
+};
+
+// SAFETY: #[repr(C)], plain numeric fields, no padding (size and offsets pinned above).
+unsafe impl KernelParams for QsPermuteParams {}
+
+impl QsPermuteParams {
+    /// Parameters of `qs_inject_permute` writing the `no-transpose` rewrite of `operand`
+    /// (`inject::prepare_transpose_fault`): `src_ptr` holds the original operand (a saved copy of
+    /// its declared extent), `dst_ptr` receives the rewritten one (the caller's buffer, which
+    /// keeps its bytes where the declared layout reads nothing). `flipped` is the call with the
+    /// operand's transpose flipped (`inject::flip_transpose`): same buffer, order, ld and batch
+    /// stride. Element formats of 8 bits or more.
+    pub fn transpose_fault(
+        p: &GemmProblem,
+        operand: crate::inject::Operand,
+        flipped: &GemmProblem,
+        src_ptr: u64,
+        dst_ptr: u64,
+        status_ptr: u64,
+    ) -> Result<QsPermuteParams, AbiError> {
+        use crate::inject::Operand;
+        p.validate()?;
+        flipped.validate()?;
+        let inject = |reason: String| AbiError::Inject { reason };
+        let (layout, flipped_layout, trans, flipped_trans, dims, outer, inner) = match operand {
+            Operand::A => (p.a, flipped.a, p.trans_a, flipped.trans_a, p.a_stored_dims(), p.m, p.k),
+            Operand::B => (p.b, flipped.b, p.trans_b, flipped.trans_b, p.b_stored_dims(), p.k, p.n),
+        };
+        let same_call = (p.m, p.n, p.k, p.batch) == (flipped.m, flipped.n, flipped.k, flipped.batch);
+        if !same_call || layout != flipped_layout || trans == flipped_trans {
+            return Err(inject(format!(
+                "the flipped call must differ from the declared one in {}'s transpose only",
+                operand.name()
+            )));
+        }
+        let f = layout.format;
+        if f.bits() < 8 {
+            return Err(inject(format!("{} is packed 4-bit ({f})", operand.name())));
+        }
+        check_aligned("permute src", src_ptr, f)?;
+        check_aligned("permute dst", dst_ptr, f)?;
+        let extent = layout.required_elements(dims.0, dims.1, p.batch);
+        // op(X)(x, y) strides of each reading of the same stored buffer (problem.rs a_offset /
+        // b_offset): (row stride, column stride) of op(X).
+        let strides = |t: Transpose| {
+            QsMatrixDesc {
+                ld: layout.ld,
+                order: order_code(layout.order),
+                trans: trans_code(t),
+                ..Default::default()
+            }
+            .op_strides()
+        };
+        let (dst_outer_stride, dst_inner_stride) = strides(trans);
+        let (src_outer_stride, src_inner_stride) = strides(flipped_trans);
+        Ok(QsPermuteParams {
+            src_ptr,
+            dst_ptr,
+            batch: p.batch,
+            outer,
+            inner,
+            src_batch_stride: layout.batch_stride,
+            src_outer_stride,
+            src_inner_stride,
+            dst_batch_stride: layout.batch_stride,
+            dst_outer_stride,
+            dst_inner_stride,
+            src_extent: extent,
+            dst_extent: extent,
+            status_ptr,
+            elem_bytes: f.bits() / 8,
+            reserved: 0,
+        })
+    }
+}
+
+/// `qs_inject_permute`: one thread per element of op(X), grid-stride beyond 16384 blocks.
+pub fn inject_permute_launch(params: &QsPermuteParams) -> Result<LaunchConfig, AbiError> {
+    let total = params.batch.saturating_mul(params.outer).saturating_mul(params.inner);
+    LaunchConfig::new([total.div_ceil(BLOCK_THREADS as u64).clamp(1, 16_384), 1, 1], BLOCK_THREADS)
+}
+
 impl KernelBuild {
-    /// `qs_inject.cu` for D's format: `qs_inject_output_{d}`, `qs_inject_scale`. D must be an
-    /// element format of 8 bits or more.
+    /// `qs_inject.cu` for D's format: `qs_inject_output_{d}`, `qs_inject_scale`,
+    /// `qs_inject_permute`. D must be an element format of 8 bits or more (the scale and
+    /// permute entries do not depend on it: any D format's program serves them).
     pub fn inject(d: Format) -> Result<KernelBuild, AbiError> {
         let d = operand_format("d", d)?;
         if d.bits() < 8 {
@@ -1603,6 +1720,7 @@ impl KernelBuild {
             entries: vec![
                 KernelEntry { name: format!("qs_inject_output_{}", d.name()), params: ParamKind::Inject },
                 KernelEntry { name: "qs_inject_scale".into(), params: ParamKind::Inject },
+                KernelEntry { name: "qs_inject_permute".into(), params: ParamKind::InjectPermute },
             ],
         })
     }
@@ -1639,7 +1757,90 @@ mod inject_tests {
         assert!(QsInjectParams::scale(&p, Operand::B, ScaleRewrite::Ones, 0, 0x3000, 0).is_err());
         let b = KernelBuild::inject(Format::Bf16).unwrap();
         let names: Vec<&str> = b.entries.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["qs_inject_output_bf16", "qs_inject_scale"]);
+        assert_eq!(names, ["qs_inject_output_bf16", "qs_inject_scale", "qs_inject_permute"]);
         assert!(KernelBuild::inject(Format::E2m1).is_err());
+    }
+
+    /// What `qs_inject_permute` does, element for element.
+    fn permute_on_host(q: &QsPermuteParams, src: &[u8], dst: &mut [u8]) -> u64 {
+        let w = q.elem_bytes as usize;
+        let mut out_of_bounds = 0;
+        for b in 0..q.batch {
+            for x in 0..q.outer {
+                for y in 0..q.inner {
+                    let so = b * q.src_batch_stride + x * q.src_outer_stride + y * q.src_inner_stride;
+                    let d = b * q.dst_batch_stride + x * q.dst_outer_stride + y * q.dst_inner_stride;
+                    if so >= q.src_extent || d >= q.dst_extent {
+                        out_of_bounds += 1;
+                        continue;
+                    }
+                    let (so, d) = (so as usize * w, d as usize * w);
+                    dst[d..d + w].copy_from_slice(&src[so..so + w]);
+                }
+            }
+        }
+        out_of_bounds
+    }
+
+    #[test]
+    fn permute_params_are_the_host_transpose_fault() {
+        use crate::inject::{flip_transpose, prepare_transpose_fault};
+        let mut cases = vec![];
+        // Square A transposed (bf16), square A as stored (e4m3fn), f32 with ld padding.
+        let mut p = GemmProblem::row_major(48, 20, 48, Format::Bf16, Format::Bf16, Format::Bf16);
+        p.trans_a = Transpose::T;
+        cases.push((p, Operand::A));
+        cases.push((
+            GemmProblem::row_major(32, 8, 32, Format::E4m3fn, Format::E4m3fn, Format::Bf16),
+            Operand::A,
+        ));
+        let mut p = GemmProblem::row_major(24, 8, 24, Format::F32, Format::F32, Format::F32);
+        p.a.ld = 30;
+        p.a.batch_stride = 24 * 30;
+        cases.push((p, Operand::A));
+        // B: nn.Linear weight (N x K stored, transposed), square; column-major e4m3fn.
+        let mut p = GemmProblem::row_major(5, 40, 40, Format::Bf16, Format::Bf16, Format::Bf16);
+        p.trans_b = Transpose::T;
+        cases.push((p, Operand::B));
+        let mut p = GemmProblem::row_major(5, 16, 16, Format::E4m3fn, Format::E4m3fn, Format::Bf16);
+        p.b = MatrixLayout::packed(Format::E4m3fn, Order::ColMajor, 16, 16);
+        cases.push((p, Operand::B));
+        // Batched, items apart by more than one matrix.
+        let mut p = GemmProblem::row_major(16, 6, 16, Format::Bf16, Format::Bf16, Format::Bf16);
+        p.batch = 3;
+        p.a.batch_stride = 16 * 16 + 8;
+        p.b.batch_stride = 16 * 6;
+        p.d.batch_stride = 16 * 6;
+        cases.push((p, Operand::A));
+        for (p, op) in cases {
+            let flipped = flip_transpose(&p, op).unwrap();
+            let (layout, dims) = match op {
+                Operand::A => (p.a, p.a_stored_dims()),
+                Operand::B => (p.b, p.b_stored_dims()),
+            };
+            let n = layout.format.bytes_for(layout.required_elements(dims.0, dims.1, p.batch) as usize);
+            let src: Vec<u8> = (0..n).map(|i| (i * 131 % 251) as u8).collect();
+            let host = prepare_transpose_fault(&p, op, &flipped, &src).unwrap();
+            let q = QsPermuteParams::transpose_fault(&p, op, &flipped, 0x1000, 0x2000, 0).unwrap();
+            let mut device = src.clone(); // dst is the caller's buffer: it starts as the original
+            assert_eq!(permute_on_host(&q, &src, &mut device), 0, "{p}");
+            assert_eq!(device, host, "{p} {op:?}");
+            assert_ne!(host, src, "{p} {op:?}: the rewrite changes the buffer");
+            let cfg = inject_permute_launch(&q).unwrap();
+            assert!(cfg.grid[0] as u64 * 256 >= (p.batch * q.outer * q.inner).min(16_384 * 256));
+        }
+        // The flipped call must be the declared one with one flag flipped; 4-bit is refused.
+        let p = GemmProblem::row_major(32, 8, 32, Format::E4m3fn, Format::E4m3fn, Format::Bf16);
+        assert!(QsPermuteParams::transpose_fault(&p, Operand::A, &p, 0, 0, 0).is_err());
+        let flipped = flip_transpose(&p, Operand::A).unwrap();
+        assert!(QsPermuteParams::transpose_fault(&p, Operand::B, &flipped, 0, 0, 0).is_err());
+        assert!(QsPermuteParams::transpose_fault(&p, Operand::A, &flipped, 0x1001, 0x2000, 0).is_ok());
+        let mut p4 = GemmProblem::row_major(32, 8, 32, Format::E2m1, Format::E2m1, Format::Bf16);
+        p4.a.ld = 32;
+        let f4 = flip_transpose(&p4, Operand::A).unwrap();
+        assert!(QsPermuteParams::transpose_fault(&p4, Operand::A, &f4, 0, 0, 0).is_err());
+        let f16 = GemmProblem::row_major(32, 8, 32, Format::Bf16, Format::Bf16, Format::Bf16);
+        let ff = flip_transpose(&f16, Operand::A).unwrap();
+        assert!(QsPermuteParams::transpose_fault(&f16, Operand::A, &ff, 0x1001, 0x2000, 0).is_err());
     }
 }

@@ -11,8 +11,16 @@
 //! - per call: a few launches on the caller's stream, no allocation, no synchronisation, no
 //!   event query; inside a capture the same launches are recorded and run at every replay,
 //!   each replay writing a fresh ring slot (device-side ticket) and rotating the sampled rows.
+//!
+//! Fault injection (`gpu_inject.rs`) and diagnosis passes (`gpu_diagnose.rs`) follow the same
+//! rules; their module docs give the stream order of each.
 
-use super::backend::{Backend, CheckOutcome, CheckRequest, Polled, PreCall};
+#[path = "gpu_diagnose.rs"]
+mod gpu_diagnose;
+#[path = "gpu_inject.rs"]
+mod gpu_inject;
+
+use super::backend::{Backend, CheckOutcome, CheckRequest, InjectRequest, Injected, Polled, PreCall};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
@@ -104,6 +112,9 @@ struct SiteGpu {
     c_copies: HashMap<usize, DeviceBuffer>,
     /// Weight changes the device reported for this site that the weight was re-projected for.
     weight_changes_seen: u32,
+    /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
+    /// reads C from it (the call overwrote C in place).
+    c_saved: Option<(u64, u64)>,
 }
 
 struct RowsState {
@@ -147,6 +158,26 @@ pub struct GpuBackend {
     sync_compile: bool,
     /// Low-priority stream for rows/full references outside graph captures.
     side_stream: Option<Stream>,
+    /// Saved copies of the caller's buffers for fault injection.
+    inject: Mutex<gpu_inject::InjectState>,
+    /// Diagnosis passes running.
+    diagnoses: gpu_diagnose::Diagnoses,
+}
+
+/// Why a program cannot be used yet.
+enum ProgramWait {
+    /// Compiling, or compiled and waiting for a call outside a capture to load it.
+    NotReady(Skip),
+    /// Its compile or load failed (for good).
+    Failed(Skip),
+}
+
+impl ProgramWait {
+    fn skip(self) -> Skip {
+        match self {
+            ProgramWait::NotReady(s) | ProgramWait::Failed(s) => s,
+        }
+    }
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -204,28 +235,32 @@ impl GpuBackend {
             compiler: Compiler { requests: Mutex::new(tx), pending: Mutex::new(HashSet::new()), ready },
             sync_compile: s.sync_compile,
             side_stream,
+            inject: Mutex::new(gpu_inject::InjectState::default()),
+            diagnoses: gpu_diagnose::Diagnoses::default(),
         })
     }
 
     /// Ok when `build` is loaded; otherwise starts (or installs) it and says to skip this call.
     fn ensure_program(&self, build: &KernelBuild, capturing: bool) -> Result<(), Skip> {
+        self.program_ready(build, capturing).map_err(ProgramWait::skip)
+    }
+
+    /// [`Self::ensure_program`], telling a program still on its way from one that failed.
+    fn program_ready(&self, build: &KernelBuild, capturing: bool) -> Result<(), ProgramWait> {
         if self.checker.registry().loaded(build).is_some() {
             return Ok(());
         }
         if self.sync_compile && !capturing {
-            return self
-                .checker
-                .program(build)
-                .map(|_| ())
-                .map_err(|e| Skip::new(format!("kernel compile failed: {}", short(&e.to_string()))));
+            return self.checker.program(build).map(|_| ()).map_err(|e| {
+                ProgramWait::Failed(Skip::new(format!("kernel compile failed: {}", short(&e.to_string()))))
+            });
         }
         let done = self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).remove(build);
         match done {
             Some(Ok(image)) if !capturing => {
-                self.checker
-                    .registry()
-                    .install(self.runtime.as_ref(), build, &image)
-                    .map_err(|e| Skip::new(format!("kernel load failed: {}", short(&e.to_string()))))?;
+                self.checker.registry().install(self.runtime.as_ref(), build, &image).map_err(|e| {
+                    ProgramWait::Failed(Skip::new(format!("kernel load failed: {}", short(&e.to_string()))))
+                })?;
                 Ok(())
             }
             Some(Ok(image)) => {
@@ -235,7 +270,7 @@ impl GpuBackend {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(build.clone(), Ok(image));
-                Err(Skip::new("graph capture: kernels not loaded before the capture"))
+                Err(ProgramWait::NotReady(Skip::new("graph capture: kernels not loaded before the capture")))
             }
             Some(Err(e)) => {
                 // Keep the failure: every later call of this build skips with it.
@@ -244,7 +279,7 @@ impl GpuBackend {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(build.clone(), Err(e.clone()));
-                Err(Skip::new("kernel compile failed"))
+                Err(ProgramWait::Failed(Skip::new("kernel compile failed")))
             }
             None => {
                 let mut pending = self.compiler.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -252,7 +287,7 @@ impl GpuBackend {
                     let _ =
                         self.compiler.requests.lock().unwrap_or_else(|e| e.into_inner()).send(build.clone());
                 }
-                Err(Skip::new("warming up: kernels compiling"))
+                Err(ProgramWait::NotReady(Skip::new("warming up: kernels compiling")))
             }
         }
     }
@@ -283,6 +318,7 @@ impl GpuBackend {
                     rows_state: HashMap::new(),
                     c_copies: HashMap::new(),
                     weight_changes_seen: 0,
+                    c_saved: None,
                 },
             );
         }
@@ -603,9 +639,11 @@ impl Backend for GpuBackend {
             site.c_copies.insert(key, buf);
         }
         let copy = site.c_copies[&key].ptr;
+        site.c_saved = None;
         self.runtime
             .copy_async(copy, req.call.buffers.c, bytes, stream)
             .map_err(|e| Skip::new(format!("copy of C: {}", short(&e.to_string()))))?;
+        site.c_saved = Some((req.call_seq, copy));
         Ok(PreCall(Some(Box::new(copy))))
     }
 
@@ -633,8 +671,15 @@ impl Backend for GpuBackend {
     }
 
     fn poll(&self, out: &mut Vec<Polled>) {
+        // Diagnosis results are handled after the ring's lock is released (a diagnosis being
+        // set up holds the diagnoses' lock while it prepares compares, which take the ring's).
+        let mut diagnosis_slots = vec![];
         let mut ring = self.checker.ring.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(slot) = ring.poll() {
+            if gpu_diagnose::parse_tag2(slot.tag2).is_some() {
+                diagnosis_slots.push(slot);
+                continue;
+            }
             let site_ordinal = self.ordinal_of(slot.tag);
             if slot.status & abi::status::WEIGHT_CHANGED != 0 {
                 *self
@@ -678,10 +723,26 @@ impl Backend for GpuBackend {
                 diagnosis: None,
             })));
         }
+        drop(ring);
+        self.poll_diagnoses(diagnosis_slots, out);
     }
 
     fn dropped(&self) -> u64 {
         self.checker.ring.lock().unwrap_or_else(|e| e.into_inner()).dropped()
+    }
+
+    fn inject_before(&self, request: &InjectRequest) -> Result<Injected, Skip> {
+        self.inject_before_impl(request)
+    }
+
+    fn inject_after(&self, request: &InjectRequest, saved: Injected) -> Result<(), Skip> {
+        self.inject_after_impl(request, saved)
+    }
+
+    /// `CheckRequest::diagnose` is ignored here: results come back later, and the engine asks
+    /// for a diagnosis on a later call of a failing site.
+    fn diagnose(&self, request: &CheckRequest) -> Result<(), Skip> {
+        self.diagnose_impl(request)
     }
 }
 
