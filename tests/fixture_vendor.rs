@@ -10,7 +10,7 @@
 //!   same per-call results), and a planted fault (FIXTURE_VENDOR_FAULT) changes exactly the
 //!   call it names.
 
-use quantshadow_runtime::engine::backend::{Backend, CheckRequest, Polled, SketchSettings};
+use quantshadow_runtime::engine::backend::{Backend, CheckRequest, Diagnose, Polled, SketchSettings};
 use quantshadow_runtime::engine::host::HostBackend;
 use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::intercept::InterceptedGemm;
@@ -319,6 +319,7 @@ impl Case {
             pointer_arrays: None,
         };
         let backend = HostBackend::default();
+        let thresholds = Thresholds::default();
         for mode in [CheckMode::Full, CheckMode::Sketch] {
             let req = CheckRequest {
                 call: &call,
@@ -331,6 +332,8 @@ impl Case {
                 rows_per_call: 256,
                 logits_topk: None,
                 device_gate: None,
+                diagnose: Diagnose::No,
+                thresholds: &thresholds,
             };
             backend.after_call(&req, Default::default()).unwrap();
             let mut out = Vec::new();

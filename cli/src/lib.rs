@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_gpu;
 pub mod collect;
 pub mod demo;
+pub mod dump;
 pub mod fixture;
 pub mod kernels;
 pub mod report;

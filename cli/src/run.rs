@@ -43,13 +43,18 @@ pub struct Args {
     pub env: Vec<(String, String)>,
 }
 
-/// The shim next to the running executable (or in ../lib), if it exists.
+/// The shim next to the running executable (or in deps/ or ../lib), if it exists; of several,
+/// the newest: a build tree can hold a stale copy next to the executable (cargo builds the shim
+/// into deps/ as the CLI's dependency and refreshes the copy beside it only when the shim
+/// itself is built as a workspace member).
 pub fn default_shim() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
+    let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     [dir.join("libquantshadow.so"), dir.join("deps/libquantshadow.so"), dir.join("../lib/libquantshadow.so")]
         .into_iter()
-        .find(|p| p.is_file())
+        .filter(|p| p.is_file())
+        .max_by_key(modified)
 }
 
 pub fn main(args: Args) -> ExitCode {

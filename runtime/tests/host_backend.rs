@@ -4,7 +4,7 @@
 //! array-of-pointers batches are read from memory, logits, queue bounds and skip reasons.
 
 use quantshadow_runtime::engine::backend::{
-    Backend, CheckOutcome, CheckRequest, Polled, PreCall, SketchSettings,
+    Backend, CheckOutcome, CheckRequest, Diagnose, Polled, PreCall, SketchSettings,
 };
 use quantshadow_runtime::engine::host::HostBackend;
 use quantshadow_runtime::formats::Format;
@@ -153,8 +153,12 @@ fn request(call: &InterceptedGemm, mode: CheckMode, epoch: u64) -> CheckRequest<
         rows_per_call: 48,
         logits_topk: None,
         device_gate: None,
+        diagnose: Diagnose::No,
+        thresholds: &DEFAULT_THRESHOLDS,
     }
 }
+
+static DEFAULT_THRESHOLDS: std::sync::LazyLock<Thresholds> = std::sync::LazyLock::new(Thresholds::default);
 
 /// Runs one check through the backend's whole protocol and returns the outcome.
 fn run(backend: &HostBackend, req: &CheckRequest) -> CheckOutcome {
@@ -166,6 +170,7 @@ fn run(backend: &HostBackend, req: &CheckRequest) -> CheckOutcome {
     match out.pop().unwrap() {
         Polled::Done(o) => *o,
         Polled::Failed { reason, .. } => panic!("check failed: {reason}"),
+        other => panic!("unexpected result {other:?}"),
     }
 }
 

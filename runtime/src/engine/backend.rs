@@ -71,6 +71,8 @@ pub enum Diagnose {
 #[derive(Debug, Clone)]
 pub struct InjectRequest<'a> {
     pub call: &'a InterceptedGemm,
+    /// The engine's site id of the call (backends key per-site scratch by it).
+    pub site_id: u64,
     /// From [`crate::inject::plan_call`]: `ReplaceScale` (a scale buffer rewritten to its
     /// transposed layout or to ones) and `FlipTranspose` (the operand's elements permuted so
     /// that the declared call computes the flipped one, [`crate::inject::prepare_transpose_fault`]).

@@ -14,8 +14,7 @@
 //! Saved copies belong to the backend: one pool block per (site, role, position in the request,
 //! size), set up on the first call outside a stream capture and kept for the process's life (a
 //! captured graph replays the copies into the same blocks forever, so they are never freed or
-//! reused). The site is [`Sites::id_of`] (shape and weight pointer: the engine's site id except
-//! for sites folded as transient). While the stream captures nothing is allocated, compiled or
+//! reused). While the stream captures nothing is allocated, compiled or
 //! synchronised: missing scratch or kernels skip the injection (nothing changed); otherwise the
 //! same copies and launches are recorded and run at every replay.
 
@@ -24,7 +23,6 @@ use crate::device::abi::{self, KernelBuild, QsInjectParams, QsPermuteParams};
 use crate::device::gpu::DeviceBuffer;
 use crate::device::Stream;
 use crate::engine::backend::{InjectRequest, Injected};
-use crate::engine::sites::Sites;
 use crate::formats::Format;
 use crate::inject::{CallRewrite, Operand};
 use crate::intercept::Skip;
@@ -157,7 +155,7 @@ impl GpuBackend {
         let _relaxed = (!capturing).then(|| RelaxedCapture::new(self.runtime.as_ref()));
         let build = inject_build(p.d.format)?;
         self.ensure_program(&build, capturing)?;
-        let site = Sites::id_of(request.call);
+        let site = request.site_id;
         // Saved copies first (nothing is enqueued until every one exists).
         let copies: Vec<u64> = {
             let mut state = self.inject.lock().unwrap_or_else(|e| e.into_inner());
@@ -339,7 +337,7 @@ mod tests {
             .map(|&class| plan_call(&c.problem, class).unwrap())
             .filter(|r| *r != CallRewrite::Nothing)
             .collect();
-        InjectRequest { call: c, before, after: vec![], seed: 1 }
+        InjectRequest { call: c, site_id: 1, before, after: vec![], seed: 1 }
     }
 
     #[test]
@@ -357,7 +355,8 @@ mod tests {
         assert!(matches!(planned[0].kernel, RewriteKernel::Scale { rewrite: ScaleRewrite::Transposed, .. }));
         assert!(matches!(planned[1].kernel, RewriteKernel::Scale { rewrite: ScaleRewrite::Ones, .. }));
         // Output classes alone: nothing to do before the call.
-        let only_after = InjectRequest { call: &c, before: vec![], after: vec![FaultClass::Nan], seed: 0 };
+        let only_after =
+            InjectRequest { call: &c, site_id: 1, before: vec![], after: vec![FaultClass::Nan], seed: 0 };
         assert!(plan_rewrites(&only_after).unwrap().is_empty());
     }
 

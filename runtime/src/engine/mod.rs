@@ -59,17 +59,35 @@ pub struct Engine {
 struct DiagState {
     /// Its next call should be diagnosed.
     wanted: bool,
+    /// A call of it was handed to the backend for diagnosis and no answer has come back yet
+    /// (no second request while one is on its way).
+    in_flight: bool,
     /// Passes started (`Backend::diagnose` accepted) and results received.
     started: u32,
     done: u32,
-    /// Times `Backend::diagnose` declined (kernels compiling, graph capture, busy).
+    /// Times `Backend::diagnose` declined for a reason that will not pass by itself, or a
+    /// started pass failed.
     declined: u32,
+}
+
+impl DiagState {
+    /// Whether a failing check of the site should ask for (another) diagnosis.
+    fn may_want(&self) -> bool {
+        !self.wanted
+            && !self.in_flight
+            && self.done == 0
+            && self.started < DIAGNOSIS_PASSES_MAX
+            && self.declined < DIAGNOSIS_DECLINES_MAX
+    }
 }
 
 /// Sites whose diagnosis state is kept; further sites are not diagnosed.
 const DIAGNOSED_SITES_CAP: usize = 4096;
-/// A site whose diagnosis the backend keeps declining is given up after this many calls.
+/// A site whose diagnosis the backend keeps declining is given up after this many calls
+/// (declines while kernels compile or a graph is being captured are not counted).
 const DIAGNOSIS_DECLINES_MAX: u32 = 64;
+/// Passes started per site at most (a pass that fails after starting may be retried once).
+const DIAGNOSIS_PASSES_MAX: u32 = 2;
 /// Longest the process exit waits for diagnosis passes still running.
 const DIAGNOSIS_EXIT_GRACE: Duration = Duration::from_secs(10);
 
@@ -459,8 +477,10 @@ impl Engine {
             match backend.diagnose(&request) {
                 Ok(()) => self.diagnosis_started(site.id),
                 Err(skip) => {
+                    // Compiles and captures pass by themselves: those declines are not counted.
+                    let passing = skip.0.starts_with("warming up") || skip.0.starts_with("graph capture");
                     self.skip(&format!("diagnosis: {}", skip.0));
-                    self.diagnosis_declined(site.id);
+                    self.diagnosis_declined(site.id, !passing);
                 }
             }
         }
@@ -492,7 +512,7 @@ impl Engine {
         if before.is_empty() && after.is_empty() {
             return None;
         }
-        Some(InjectRequest { call, before, after, seed: plan.seed(ordinal, call_seq) })
+        Some(InjectRequest { call, site_id: site.id, before, after, seed: plan.seed(ordinal, call_seq) })
     }
 
     /// Counts an injection that did not happen (shown with the skips); warns the first time.
@@ -524,10 +544,13 @@ impl Engine {
         let state = map.entry(site_id).or_default();
         if state.wanted {
             state.wanted = false;
+            state.in_flight = true;
             self.diagnoses_wanted.fetch_sub(1, Ordering::Relaxed);
             return true;
         }
-        every_site && state.started == 0 && state.done == 0 && state.declined == 0
+        let first = every_site && !state.in_flight && state.started == 0 && state.done == 0 && state.declined == 0;
+        state.in_flight |= first;
+        first
     }
 
     /// Whether a backend that judges its own checks should diagnose this call if it fails.
@@ -538,7 +561,7 @@ impl Engine {
         let map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(&site_id) {
             None => map.len() < DIAGNOSED_SITES_CAP,
-            Some(s) => s.started == 0 && s.done == 0 && !s.wanted,
+            Some(s) => s.started == 0 && s.done == 0 && !s.wanted && !s.in_flight,
         }
     }
 
@@ -548,11 +571,14 @@ impl Engine {
         map.entry(site_id).or_default().started += 1;
     }
 
-    fn diagnosis_declined(&self, site_id: u64) {
+    /// The backend declined this call's diagnosis (`counts`: for a reason that will not pass by
+    /// itself) or a started pass failed: ask again on a later call, a bounded number of times.
+    fn diagnosis_declined(&self, site_id: u64, counts: bool) {
         let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
         let state = map.entry(site_id).or_default();
-        state.declined += 1;
-        if state.declined < DIAGNOSIS_DECLINES_MAX && !state.wanted {
+        state.in_flight = false;
+        state.declined += counts as u32;
+        if state.may_want() {
             state.wanted = true;
             self.diagnoses_wanted.fetch_add(1, Ordering::Relaxed);
         }
@@ -568,7 +594,7 @@ impl Engine {
             return;
         }
         let state = map.entry(site_id).or_default();
-        if !state.wanted && state.started == 0 && state.done == 0 && state.declined < DIAGNOSIS_DECLINES_MAX {
+        if state.may_want() && state.started == 0 {
             state.wanted = true;
             self.diagnoses_wanted.fetch_add(1, Ordering::Relaxed);
         }
@@ -583,6 +609,7 @@ impl Engine {
         let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
         let state = map.entry(site_id).or_default();
         state.done += 1;
+        state.in_flight = false;
         if state.wanted {
             state.wanted = false;
             self.diagnoses_wanted.fetch_sub(1, Ordering::Relaxed);
@@ -702,7 +729,7 @@ impl Engine {
                         .diagnoses_running
                         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
                     self.skip(&format!("diagnosis: {reason}"));
-                    self.diagnosis_declined(site_id);
+                    self.diagnosis_declined(site_id, true);
                 }
                 Polled::Done(mut o) => {
                     self.stats.checked.fetch_add(1, Ordering::Relaxed);

@@ -756,7 +756,8 @@ impl GemmArgs for LaunchGemm<'_> {
 }
 
 /// Names of kernels seen launched inside BLAS calls, per handle (bounded).
-static SERVED_NAMES: Mutex<Option<std::collections::HashMap<(u8, usize), Option<String>>>> = Mutex::new(None);
+type ServedNames = std::collections::HashMap<(u8, usize), Option<String>>;
+static SERVED_NAMES: Mutex<Option<ServedNames>> = Mutex::new(None);
 const SERVED_NAMES_CAP: usize = 4096;
 
 /// The kernels a watched BLAS call launched ([`super::LaunchWatch::seen`]), named: "k1" or
