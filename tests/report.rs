@@ -441,3 +441,137 @@ fn outputs_never_overwrite_inputs_or_each_other() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("are the same file"));
     assert_eq!(std::fs::read(&run).unwrap(), before, "the run file is untouched");
 }
+
+// ---- issue 6: backend policy at report time, diagnoses through the run file -----------------------
+
+const CK_FREE_POLICY: &str = r#"
+[[rule]]
+name = "CK-free: every FP8 GEMM by Triton"
+when = { env = { ATOM_CK_FREE = "1" } }
+sites = { a_format = "e4m3*" }
+require = { kernel = "*triton*" }
+"#;
+
+const NO_ASM_POLICY: &str = r#"
+[[rule]]
+name = "no ASM GEMM on gfx950"
+why = "the ASM a8w8 GEMM returned garbage on gfx950"
+when = { arch = "gfx950*" }
+deny = { kernel = "*asm*" }
+"#;
+
+#[test]
+fn a_bad_policy_file_exits_2_before_reading_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[[rule]]\nname = \"x\"\n").unwrap();
+    let output = quantshadow(&["report", "/nonexistent/run.qsr", "--policy", arg(&policy)]);
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert!(
+        stderr(&output)
+            .contains(&format!("policy {}: rule \"x\" has neither `deny` nor `require`", policy.display())),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn a_report_time_policy_fails_on_decided_rules_and_warns_on_undecided_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    // The fp8-asm configuration's layers are served by `asm_a8w8_gfx950` on gfx950; the run
+    // recorded no policy, hence no environment.
+    let run = write_run_file(dir.path(), "asm.qsr", &process(1, "fp8-asm", 0, |_| healthy()));
+    let undecided = dir.path().join("ck-free.toml");
+    std::fs::write(&undecided, CK_FREE_POLICY).unwrap();
+    let output = quantshadow(&["report", arg(&run), "--policy", arg(&undecided)]);
+    assert_eq!(code(&output), 0, "an undecided rule never fails: {}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!(
+            "warning: fp8-asm: policy {}: rule \"CK-free: every FP8 GEMM by Triton\" cannot be decided: the run did not record ATOM_CK_FREE",
+            undecided.display()
+        )),
+        "{}",
+        stderr(&output)
+    );
+
+    let deny = dir.path().join("no-asm.toml");
+    std::fs::write(&deny, NO_ASM_POLICY).unwrap();
+    let out = dir.path().join("report.md");
+    let json = dir.path().join("report.json");
+    let output =
+        quantshadow(&["report", arg(&run), "--policy", arg(&deny), "--out", arg(&out), "--json", arg(&json)]);
+    assert_eq!(code(&output), 1, "{}", stderr(&output));
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(md.contains("❌ FAIL: rule \"no ASM GEMM on gfx950\" is broken at 4 sites.\n"), "{md}");
+    assert!(
+        md.contains(&format!(
+            "1. site 0 was served by kernel `asm_a8w8_gfx950` via `hipblasLtMatmul`, which rule \"no ASM GEMM on gfx950\" denies (kernel = \"\\*asm\\*\") (`{}`). Why: the ASM a8w8 GEMM returned garbage on gfx950.\n",
+            site_name(0)
+        )),
+        "{md}"
+    );
+    let value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(value["policy_file"], deny.display().to_string());
+    assert_eq!(value["configurations"][0]["policy"]["violations"].as_array().unwrap().len(), LAYERS as usize);
+    assert_eq!(value["configurations"][0]["policy"]["violations"][0]["source"], "report");
+}
+
+#[test]
+fn a_diagnosis_record_in_a_run_file_reaches_the_report() {
+    use quantshadow_runtime::record::{DiagnosisRecord, ReadingSummary};
+    let dir = tempfile::tempdir().unwrap();
+    let mut records =
+        process(1, "fp8-shuffle", 0, |layer| if layer == 3 { metrics(0.41, 1.2, 1.0) } else { healthy() });
+    let reading = |id: &str, description: &str, cosine: f64, explains: bool| ReadingSummary {
+        id: id.into(),
+        description: description.into(),
+        declared: id == "declared",
+        cosine,
+        nmse: 1.0 - cosine,
+        norm_ratio: 1.0,
+        nonfinite_mismatch: 0,
+        explains,
+    };
+    records.push(Record::Diagnosis(DiagnosisRecord {
+        session_id: 1,
+        site_id: 0xa003,
+        site_ordinal: 3,
+        call_seq: 13,
+        rows: 64,
+        readings: vec![
+            reading("a-scales-swizzled", "A scales read pre-shuffled (128x4 swizzled)", 0.99997, true),
+            reading("declared", "the declared contract", 0.41, false),
+        ],
+        skipped: Vec::new(),
+        explanation: Some("a-scales-swizzled".into()),
+        equivalent: Vec::new(),
+        text: "production matches the reference with A scales read pre-shuffled (128x4 swizzled): cosine 0.99997, norm ratio 1.000; declared layout gives cosine 0.41, norm ratio 1.000".into(),
+        recommendation: Some("pre-shuffled vs plain scales: check the shuffle_scale / swizzle step".into()),
+        error_map: None,
+        scale_layout: vec!["A scales: 1x128 blocks, grid 64x16, f32, OuterMajor, ld 16, 1024 entries".into()],
+        timestamp_ns: 30,
+    }));
+    let run = write_run_file(dir.path(), "diag.qsr", &records);
+    let output = quantshadow(&["report", arg(&run)]);
+    assert_eq!(code(&output), 1, "{}", stderr(&output));
+    let md = String::from_utf8(output.stdout.clone()).unwrap();
+    assert!(
+        md.contains(&format!(
+            "❌ FAIL: 1 of 4 sites fails their fp8 thresholds; the failing site, `{}` (cosine 0.410000), is explained by A scales read pre-shuffled (128x4 swizzled).\n",
+            site_name(3)
+        )),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "- **What to check**: Pre-shuffled vs plain scales: check the shuffle\\_scale / swizzle step.\n"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("| A scales read pre-shuffled (128x4 swizzled) (`a-scales-swizzled`) | 0.999970 | 3.00e-05 | 1.0000 | ✅ best explanation |\n"), "{md}");
+    assert!(
+        md.contains("- A scales: 1x128 blocks, grid 64x16, f32, OuterMajor, ld 16, 1024 entries\n"),
+        "{md}"
+    );
+    assert!(!stderr(&output).contains("warning"), "{}", stderr(&output));
+}

@@ -2,8 +2,8 @@
 //! scripts (GPU verification, CI pipelines) that want the facts without parsing a report.
 //!
 //! The summary judges every check with the given (or default) thresholds, as the report does:
-//! `sessions 1 observations 120 checked 118 failing_calls 0 failing_sites [] diagnoses 0
-//! explained [] injected 0 dropped 0`. `explained` lists `site:reading` for every diagnosis that
+//! `sessions 1 observations 120 checked 118 failing_calls 0 failing_sites [] failing_names []
+//! diagnoses 0 explained [] injected 0 dropped 0`. `explained` lists `site:reading` for every diagnosis that
 //! names a reading other than the declared contract.
 
 use crate::exit;
@@ -37,6 +37,8 @@ pub struct Summary {
     pub failing_calls: u64,
     /// (label, site ordinal) of failing checks.
     pub failing_sites: BTreeSet<(String, u32)>,
+    /// Names of the failing sites (the entry point where a site has none).
+    pub failing_names: BTreeSet<String>,
     pub diagnoses: u64,
     /// (label, site ordinal, reading id) of diagnoses that name a reading.
     pub explained: BTreeSet<(String, u32, String)>,
@@ -69,6 +71,7 @@ impl Summary {
                     if failing {
                         s.failing_calls += 1;
                         s.failing_sites.insert((label(o.session_id), o.site_ordinal));
+                        s.failing_names.insert(o.site_name.clone().unwrap_or_else(|| o.entry_point.clone()));
                     }
                 }
                 Record::Diagnosis(d) => {
@@ -92,12 +95,13 @@ impl Summary {
         let explained: Vec<String> =
             self.explained.iter().map(|(l, o, id)| format!("{}:{id}", site(l, *o))).collect();
         format!(
-            "sessions {} observations {} checked {} failing_calls {} failing_sites [{}] diagnoses {} explained [{}] injected {} dropped {}",
+            "sessions {} observations {} checked {} failing_calls {} failing_sites [{}] failing_names [{}] diagnoses {} explained [{}] injected {} dropped {}",
             self.sessions,
             self.observations,
             self.checked,
             self.failing_calls,
             sites.join(","),
+            self.failing_names.iter().cloned().collect::<Vec<_>>().join(","),
             self.diagnoses,
             explained.join(","),
             self.injected,

@@ -1,5 +1,5 @@
 use clap::{Parser, Subcommand};
-use quantshadow_cli::{bench, collect, demo, exit, kernels, report, run, selftest};
+use quantshadow_cli::{bench, collect, demo, dump, exit, kernels, report, run, selftest};
 use std::process::ExitCode;
 
 /// quantshadow: catch silent numerical bugs in quantized GEMMs inside a running engine.
@@ -15,7 +15,7 @@ enum Command {
     /// Receive records from instrumented processes and append them to a run file.
     Collect(collect::Args),
     /// Turn one or more run files into a markdown pass/fail report.
-    Report(report::Args),
+    Report(report::CommandArgs),
     /// Run a program under the shim and report on it: quantshadow run [OPTIONS] -- CMD ARGS...
     Run(run::Args),
     /// List the kernels a program launches (observe mode), optionally with spec skeletons:
@@ -27,6 +27,8 @@ enum Command {
     Bench(bench::Args),
     /// Check the device's reference kernels against the host oracle (host device without a GPU).
     Selftest(selftest::Args),
+    /// Print run files' records as JSON lines, or a one-line summary (for scripts).
+    Dump(dump::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Selftest(a) => selftest::main(a),
+        Command::Dump(a) => dump::main(a),
     }
 }
 

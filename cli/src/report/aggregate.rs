@@ -9,19 +9,23 @@
 //! [`SiteKey`]. Work per record is two hash lookups and a threshold judgement; `finish` is
 //! linear in the number of sites plus one selection per median.
 
+use super::injection;
 use super::load::{LoadedRun, RunSource};
 use super::model::{
     CallReport, ConfigSummary, ConfigurationReport, Counters, Heatmap, HeatmapCell, HeatmapRow,
-    LogitsSummary, MDependence, MetricSpread, Report, SessionSummary, SiteKey, SiteReport, SiteStatus,
-    Verdict, WorstRowReport, NO_SESSION_LABEL, UNLABELLED,
+    InjectionReport, LogitsSummary, MDependence, MOnset, MetricSpread, Report, ServingKernel, SessionSummary,
+    SiteKey, SiteReport, SiteStatus, Verdict, WorstRowReport, NO_SESSION_LABEL, UNLABELLED,
 };
+use super::policy::{ConfigPolicy, PolicyCache, SiteServing};
 use super::rules;
 use super::text;
+use quantshadow_runtime::diagnosis::{onset_m, scale_layout_lines};
 use quantshadow_runtime::metrics::{LogitsMetrics, Metrics};
+use quantshadow_runtime::policy::{Policy, SiteFacts};
 use quantshadow_runtime::problem::ScaleGranularity;
 use quantshadow_runtime::record::{
-    flags, CheckMode, ClosingRecord, GemmObservation, KeyValue, ProblemSummary, Record, SessionRecord,
-    SkipCount,
+    flags, CheckMode, ClosingRecord, DiagnosisRecord, GemmObservation, KeyValue, ProblemSummary, Record,
+    SessionRecord, SkipCount,
 };
 use quantshadow_runtime::thresholds::Thresholds;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -31,6 +35,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 const CONCENTRATION_FACTOR: f64 = 10.0;
 /// Sessions named one by one in a warning before the rest are summed up.
 const SESSIONS_LISTED: usize = 8;
+/// Distinct (M, failed) pairs kept per site for the M onset; beyond this none is stated.
+const M_OUTCOMES_KEPT: usize = 4096;
 
 /// Builds a report from loaded runs. The binary streams records into a [`ReportBuilder`]
 /// instead, so that a large run is never held in memory as records.
@@ -48,6 +54,8 @@ pub fn build_report(runs: &[LoadedRun], thresholds: &Thresholds) -> Report {
 /// Streaming aggregation of records into a [`Report`] (see the module doc).
 pub struct ReportBuilder {
     thresholds: Thresholds,
+    /// `--policy`: evaluated against every configuration besides the recorded policies.
+    policy: Option<Policy>,
     sources: Vec<RunSource>,
     sessions: HashMap<u64, SessionAcc>,
     /// Order of first appearance of sessions: configurations are reported in input order.
@@ -58,10 +66,17 @@ impl ReportBuilder {
     pub fn new(thresholds: &Thresholds) -> ReportBuilder {
         ReportBuilder {
             thresholds: thresholds.clone(),
+            policy: None,
             sources: Vec::new(),
             sessions: HashMap::new(),
             sessions_seen: 0,
         }
+    }
+
+    /// A policy to evaluate against every configuration, in addition to the policies the runs
+    /// recorded (`quantshadow report --policy FILE`).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = Some(policy);
     }
 
     /// Describes one input file (shown in the report header, with its load problems).
@@ -105,9 +120,12 @@ impl ReportBuilder {
             });
             by_label[index].1.push((id, session));
         }
+        let mut cache = PolicyCache::default();
         let configurations: Vec<ConfigurationReport> = by_label
             .into_iter()
-            .map(|(label, sessions)| build_configuration(label, sessions, &thresholds))
+            .map(|(label, sessions)| {
+                build_configuration(label, sessions, &thresholds, self.policy.as_ref(), &mut cache)
+            })
             .collect();
 
         let verdict = if configurations.is_empty() {
@@ -126,6 +144,7 @@ impl ReportBuilder {
             sources: self.sources,
             thresholds,
             thresholds_file: None,
+            policy_file: self.policy.map(|p| p.origin),
             warnings,
             configurations,
             heatmap,
@@ -144,7 +163,7 @@ struct SessionAcc {
     calls_checked: u64,
     calls_failed: u64,
     nonfinite_calls: u64,
-    diagnoses: Vec<quantshadow_runtime::record::DiagnosisRecord>,
+    diagnoses: Vec<DiagnosisRecord>,
 }
 
 impl SessionAcc {
@@ -361,7 +380,8 @@ struct SiteAcc {
     name: Option<String>,
     entry_point: String,
     ordinal: u32,
-    backends: BTreeSet<String>,
+    /// Calls per serving kernel (None: the observation named none).
+    serving: BTreeMap<Option<String>, u64>,
     /// The first call's problem: formats, scales and N, K are part of the site's identity.
     problem: ProblemSummary,
     m_min: u64,
@@ -379,7 +399,19 @@ struct SiteAcc {
     worst_row: Option<WorstRowReport>,
     failing_m: Option<(u64, u64)>,
     passing_m: Option<(u64, u64)>,
+    /// Distinct (M, failed) of the checked calls; None once more than [`M_OUTCOMES_KEPT`].
+    m_outcomes: Option<BTreeSet<(u64, bool)>>,
     logits: LogitsAcc,
+    /// The diagnosis to show (see [`diagnosis_preferred`]) and how many there were.
+    diagnosis: Option<DiagnosisRecord>,
+    diagnoses: u64,
+}
+
+/// Whether diagnosis `a` is shown rather than `b`: one with an explanation first, then the most
+/// recent (timestamp, then call sequence).
+fn diagnosis_preferred(a: &DiagnosisRecord, b: &DiagnosisRecord) -> bool {
+    let key = |d: &DiagnosisRecord| (d.explanation.is_some(), d.timestamp_ns, d.call_seq);
+    key(a) > key(b)
 }
 
 impl SiteAcc {
@@ -388,7 +420,7 @@ impl SiteAcc {
             name: first.site_name.clone(),
             entry_point: first.entry_point.clone(),
             ordinal: first.site_ordinal,
-            backends: BTreeSet::new(),
+            serving: BTreeMap::new(),
             problem: first.problem.clone(),
             m_min: first.problem.m,
             m_max: first.problem.m,
@@ -405,7 +437,44 @@ impl SiteAcc {
             worst_row: None,
             failing_m: None,
             passing_m: None,
+            m_outcomes: Some(BTreeSet::new()),
             logits: LogitsAcc::default(),
+            diagnosis: None,
+            diagnoses: 0,
+        }
+    }
+
+    fn add_diagnosis(&mut self, d: DiagnosisRecord) {
+        self.diagnoses += 1;
+        if self.diagnosis.as_ref().is_none_or(|shown| diagnosis_preferred(&d, shown)) {
+            self.diagnosis = Some(d);
+        }
+    }
+
+    fn add_m_outcome(&mut self, m: u64, failed: bool) {
+        if let Some(set) = &mut self.m_outcomes {
+            set.insert((m, failed));
+            if set.len() > M_OUTCOMES_KEPT {
+                self.m_outcomes = None;
+            }
+        }
+    }
+
+    /// What a policy is evaluated against for this site, as this session saw it.
+    fn serving_facts(&self) -> SiteServing {
+        let p = &self.problem;
+        SiteServing {
+            key: self.key(),
+            facts: SiteFacts {
+                ordinal: self.ordinal,
+                entry: self.entry_point.clone(),
+                kernel: None,
+                name: self.name.clone(),
+                a_format: p.a_format.name().to_string(),
+                b_format: p.b_format.name().to_string(),
+                d_format: p.d_format.name().to_string(),
+            },
+            kernels: self.serving.keys().cloned().collect(),
         }
     }
 
@@ -421,9 +490,10 @@ impl SiteAcc {
         if self.name.is_none() && obs.site_name.is_some() {
             self.name = obs.site_name.clone();
         }
-        if let Some(backend) = &obs.backend {
-            if !self.backends.contains(backend.as_str()) {
-                self.backends.insert(backend.clone());
+        match self.serving.get_mut(&obs.backend) {
+            Some(calls) => *calls += 1,
+            None => {
+                self.serving.insert(obs.backend.clone(), 1);
             }
         }
         let m = obs.problem.m;
@@ -452,6 +522,7 @@ impl SiteAcc {
         self.cosines.push(metrics.cosine);
         self.extremes.add(metrics);
         widen(if failed { &mut self.failing_m } else { &mut self.passing_m }, m);
+        self.add_m_outcome(m, failed);
 
         let severity = (failed, nonfinite, metrics.nmse);
         if self.worst_call.as_ref().is_none_or(|w| severity_worse(severity, call_severity(w))) {
@@ -488,7 +559,9 @@ impl SiteAcc {
             self.name = other.name;
         }
         self.ordinal = self.ordinal.min(other.ordinal);
-        self.backends.extend(other.backends);
+        for (kernel, calls) in other.serving {
+            *self.serving.entry(kernel).or_default() += calls;
+        }
         self.m_min = self.m_min.min(other.m_min);
         self.m_max = self.m_max.max(other.m_max);
         self.modes.extend(other.modes);
@@ -513,7 +586,22 @@ impl SiteAcc {
         }
         widen_range(&mut self.failing_m, other.failing_m);
         widen_range(&mut self.passing_m, other.passing_m);
+        match (&mut self.m_outcomes, other.m_outcomes) {
+            (Some(mine), Some(theirs)) => {
+                mine.extend(theirs);
+                if mine.len() > M_OUTCOMES_KEPT {
+                    self.m_outcomes = None;
+                }
+            }
+            _ => self.m_outcomes = None,
+        }
         self.logits.merge(&other.logits);
+        self.diagnoses += other.diagnoses;
+        if let Some(d) = other.diagnosis {
+            if self.diagnosis.as_ref().is_none_or(|shown| diagnosis_preferred(&d, shown)) {
+                self.diagnosis = Some(d);
+            }
+        }
     }
 
     fn finish(mut self, key: SiteKey, thresholds: &Thresholds) -> SiteReport {
@@ -540,12 +628,49 @@ impl SiteAcc {
         };
         let block_scaled =
             [p.a_scale, p.b_scale].iter().flatten().any(|s| s.granularity != ScaleGranularity::Tensor);
+        let onset = match (&self.m_outcomes, status) {
+            (Some(outcomes), SiteStatus::Fail) => {
+                let calls: Vec<(u64, bool)> = outcomes.iter().copied().collect();
+                onset_m(&calls).map(|first_failing_m| {
+                    let mut passing_m: Vec<u64> = calls.iter().filter(|c| !c.1).map(|c| c.0).collect();
+                    passing_m.dedup();
+                    MOnset { first_failing_m, passing_m }
+                })
+            }
+            _ => None,
+        };
+        let mut scale_layout = match &self.diagnosis {
+            Some(d) if !d.scale_layout.is_empty() => d.scale_layout.clone(),
+            _ if status == SiteStatus::Fail || self.diagnosis.is_some() => {
+                if p.a_scale.is_some() || p.b_scale.is_some() {
+                    // The grid of A depends on M: describe the worst call's.
+                    let mut at_worst = p.clone();
+                    if let Some(call) = &self.worst_call {
+                        at_worst.m = call.m;
+                    }
+                    scale_layout_lines(&at_worst)
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        };
+        // "A scales: none; B scales: none" analyses nothing.
+        if scale_layout.iter().all(|line| line.ends_with("scales: none")) {
+            scale_layout.clear();
+        }
+        let mut serving: Vec<ServingKernel> = self
+            .serving
+            .iter()
+            .map(|(kernel, &calls)| ServingKernel { kernel: kernel.clone(), calls })
+            .collect();
+        serving.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.kernel.cmp(&b.kernel)));
         let mut site = SiteReport {
             key,
             name: self.name,
             ordinal: self.ordinal,
             entry_point: self.entry_point,
-            backends: self.backends.into_iter().collect(),
+            backends: self.serving.into_keys().flatten().collect(),
             shape,
             m_min: self.m_min,
             m_max: self.m_max,
@@ -571,6 +696,11 @@ impl SiteAcc {
             m_dependence: MDependence::from_ranges(self.failing_m, self.passing_m),
             logits: self.logits.summary(),
             pattern: None,
+            serving,
+            onset,
+            diagnosis: self.diagnosis,
+            diagnoses: self.diagnoses,
+            scale_layout,
         };
         site.pattern = rules::classify(&site);
         site
@@ -581,6 +711,8 @@ fn build_configuration(
     label: String,
     sessions: Vec<(u64, SessionAcc)>,
     thresholds: &Thresholds,
+    extra_policy: Option<&Policy>,
+    policy_cache: &mut PolicyCache,
 ) -> ConfigurationReport {
     let mut counters = Counters { sessions: sessions.len(), ..Counters::default() };
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
@@ -589,8 +721,37 @@ fn build_configuration(
     let mut summaries = Vec::with_capacity(sessions.len());
     let mut merged: Vec<SiteAcc> = Vec::new();
     let mut merged_index: HashMap<SiteKey, usize> = HashMap::new();
+    let mut inject_specs: Vec<String> = Vec::new();
+    let mut policy = ConfigPolicy::default();
+    let mut orphan_diagnoses = 0u64;
 
     for (session_id, mut session) in sessions {
+        // Diagnoses go to their site: by site id within the session, else by ordinal.
+        for d in std::mem::take(&mut session.diagnoses) {
+            let index = session
+                .site_index
+                .get(&d.site_id)
+                .copied()
+                .or_else(|| session.sites.iter().position(|s| s.ordinal == d.site_ordinal));
+            match index {
+                Some(i) => session.sites[i].add_diagnosis(d),
+                None => orphan_diagnoses += 1,
+            }
+        }
+        let record = session.session.as_ref();
+        let has_policy = record.is_some_and(|r| r.settings.iter().any(|kv| kv.key == "policy.text"));
+        if has_policy || extra_policy.is_some() {
+            let sites: Vec<SiteServing> = session.sites.iter().map(SiteAcc::serving_facts).collect();
+            policy.add_session(record, &sites, extra_policy, policy_cache);
+        }
+        if let Some(spec) = record
+            .and_then(|r| r.settings.iter().find(|kv| kv.key == injection::SETTING))
+            .and_then(|kv| injection::active_spec(&kv.value))
+        {
+            if !inject_specs.iter().any(|s| s == spec) {
+                inject_specs.push(spec.to_string());
+            }
+        }
         let summary = session.summary(session_id);
         counters.observations_received += session.observations;
         if let Some(closing) = &session.closing {
@@ -624,7 +785,11 @@ fn build_configuration(
     let mut skipped: Vec<SkipCount> =
         skipped.into_iter().map(|(reason, count)| SkipCount { reason, count }).collect();
     skipped.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+    let injected_calls: u64 = merged.iter().map(|s| s.injected_calls).sum();
+    let injection = injection::build(inject_specs, &mut skipped, injected_calls);
     counters.skipped = skipped;
+    let (policy, policy_warnings) = policy.finish();
+    let policy_broken = policy.as_ref().is_some_and(|p| !p.violations.is_empty());
 
     // The configuration's spread covers every checked call; the per-site lists are moved
     // into one vector only here, after the per-site medians no longer need them in place.
@@ -656,7 +821,7 @@ fn build_configuration(
         calls_failed: sites.iter().map(|s| s.calls_failed).sum(),
         metrics: extremes.spread(&mut all_cosines),
     };
-    let verdict = if summary.sites_failing > 0 {
+    let verdict = if summary.sites_failing > 0 || policy_broken {
         Verdict::Fail
     } else if summary.calls_checked == 0 {
         Verdict::NoData
@@ -666,10 +831,21 @@ fn build_configuration(
     let to_key_values = |set: BTreeSet<(String, String)>| {
         set.into_iter().map(|(key, value)| KeyValue { key, value }).collect()
     };
+    let mut warnings = configuration_warnings(&label, &summaries, &counters, &sites, injection.as_ref());
+    warnings.extend(policy_warnings);
+    if orphan_diagnoses > 0 {
+        warnings.push(format!(
+            "{} about sites with no observation in the given run files: not shown",
+            text::count(orphan_diagnoses as usize, "diagnosis record is", "diagnosis records are")
+        ));
+    }
     let mut config = ConfigurationReport {
-        warnings: configuration_warnings(&label, &summaries, &counters, &sites),
+        warnings,
         label,
         verdict,
+        reason: String::new(),
+        injection,
+        policy,
         summary,
         counters,
         sessions: summaries,
@@ -679,6 +855,7 @@ fn build_configuration(
         recommendations: Vec::new(),
     };
     config.recommendations = rules::recommend(&config);
+    config.reason = rules::verdict_reason(&config);
     config
 }
 
@@ -687,6 +864,7 @@ fn configuration_warnings(
     sessions: &[SessionSummary],
     counters: &Counters,
     sites: &[SiteReport],
+    injection: Option<&InjectionReport>,
 ) -> Vec<String> {
     let mut warnings = Vec::new();
     let unclosed: Vec<&SessionSummary> = sessions.iter().filter(|s| s.closing.is_none()).collect();
@@ -725,7 +903,10 @@ fn configuration_warnings(
         ));
     }
     let injected: u64 = sites.iter().map(|s| s.injected_calls).sum();
-    if injected > 0 {
+    // With a recorded spec the banner at the top of the report says it (and stderr, see
+    // `InjectionReport::summary`); the warning is for planted faults nobody declared.
+    let declared = injection.is_some_and(|i| !i.specs.is_empty());
+    if injected > 0 && !declared {
         warnings.push(format!(
             "{injected} calls carry a fault injected on purpose (fault injection or a planted test fault): their failures \
              are expected"

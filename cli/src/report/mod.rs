@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! quantshadow report FILE.qsr [FILE.qsr ...] [--out report.md] [--json report.json] [--thresholds FILE]
+//!                    [--policy FILE]
 //! ```
 //!
 //! Pipeline: [`load`] (files -> records, problems counted) -> [`aggregate`] (streaming
@@ -24,9 +25,26 @@
 //!   output (a few bad rows) is reported and recommended on but does not by itself fail a
 //!   site: the thresholds have no per-row bound yet, and the worst of thousands of rows of a
 //!   healthy FP8 GEMM can dip below the whole-output bound.
-//! - **Configuration verdict**: FAIL when any site fails; NO DATA when not a single call was
-//!   checked; else PASS. NO DATA is not a pass: a gate that passes when nothing was checked
-//!   hides a broken setup (a shim that intercepts nothing, sampling off).
+//! - **Configuration verdict**: FAIL when any site fails or a backend policy rule is broken;
+//!   NO DATA when not a single call was checked (and no rule is broken); else PASS. NO DATA is
+//!   not a pass: a gate that passes when nothing was checked hides a broken setup (a shim that
+//!   intercepts nothing, sampling off). The reason is one sentence under the configuration's
+//!   heading and in the summary table.
+//! - **Fault injection** (`inject` setting of the session records): a banner at the top of the
+//!   report per configuration, with what each planted class does; the closing records' "fault
+//!   injection not applied" counts are listed under it and are not counted as skips.
+//! - **Diagnoses** (schema 1.1 records) attach to their site (site id, else ordinal, within the
+//!   session); the one shown is the most recent with an explanation, else the most recent. A
+//!   failing site's details give the diagnosis sentence, the top readings, the error map, the
+//!   scale layout analysis (the diagnosis', else computed from the recorded problem) and what
+//!   to check; the diagnosis' advice leads the recommendations and replaces the pattern guess
+//!   for the sites it explains. Passing sites' diagnoses (`QUANTSHADOW_DIAGNOSE=every-site`)
+//!   are listed compactly.
+//! - **Backend policy** (see [`policy`]): the policy each session recorded, and `--policy FILE`
+//!   *in addition* (not instead: a run's own policy is part of what it promised), evaluated per
+//!   session with the architecture and the environment the session recorded. A broken rule
+//!   fails the configuration; a `--policy` rule that needs a variable the run did not record
+//!   cannot be decided: a warning, never a failure. A bad `--policy` file is bad input (exit 2).
 //! - **Exit code**: 0 when every configuration passes; 1 when any fails or has no data; 2 for
 //!   bad usage or input (missing file, not a run file, unsupported version, empty run,
 //!   undecodable file, bad thresholds file, unwritable output), with the message on stderr.
@@ -47,9 +65,11 @@
 
 pub mod aggregate;
 pub mod heatmap;
+mod injection;
 pub mod load;
 pub mod markdown;
 pub mod model;
+mod policy;
 pub mod rules;
 mod text;
 
@@ -60,10 +80,11 @@ pub use aggregate::{build_report, ReportBuilder};
 pub use heatmap::render_heatmap_svg;
 pub use load::{decode_payloads, load_run_file, stream_run_file, LoadError, LoadedRun, RunSource};
 pub use markdown::render_markdown;
-pub use model::{ConfigurationReport, Report, SiteKey, SiteReport, SiteStatus, Verdict};
+pub use model::{ConfigurationReport, PolicyViolation, Report, SiteKey, SiteReport, SiteStatus, Verdict};
 pub use rules::{FailurePattern, Recommendation};
 
 use crate::exit;
+use quantshadow_runtime::policy::{Policy, PolicyError};
 use quantshadow_runtime::thresholds::{ThresholdError, Thresholds};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,10 +105,25 @@ pub struct Args {
     pub thresholds: Option<PathBuf>,
 }
 
+/// The `report` subcommand's arguments: [`Args`] (what other commands pass to [`run`]) and the
+/// options only the command line has.
+#[derive(Debug, clap::Args)]
+pub struct CommandArgs {
+    #[command(flatten)]
+    pub args: Args,
+    /// Backend policy (TOML, the QUANTSHADOW_POLICY format) to evaluate against every
+    /// configuration, in addition to the policies the runs recorded. Rules that need an
+    /// environment variable a run did not record are reported as undecided, not failed.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error(transparent)]
     Thresholds(#[from] ThresholdError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error("cannot write {path}: {source}")]
@@ -98,8 +134,8 @@ pub enum ReportError {
     DuplicateFile { path: String },
 }
 
-pub fn main(args: Args) -> ExitCode {
-    match run(&args) {
+pub fn main(args: CommandArgs) -> ExitCode {
+    match run_with_policy(&args.args, args.policy.as_deref()) {
         Ok(report) => {
             let code = if report.verdict == Verdict::Pass { exit::OK } else { exit::FAILED };
             ExitCode::from(code)
@@ -113,14 +149,24 @@ pub fn main(args: Args) -> ExitCode {
 
 /// Loads, judges, writes every requested output and says on stderr what happened.
 pub fn run(args: &Args) -> Result<Report, ReportError> {
+    run_with_policy(args, None)
+}
+
+/// [`run`], also evaluating the backend policy in `policy` against every configuration.
+pub fn run_with_policy(args: &Args, policy: Option<&Path>) -> Result<Report, ReportError> {
     check_outputs_do_not_clobber(args)?;
-    // Thresholds first: a typo in them must fail before minutes spent reading large files.
+    // Thresholds and policy first: a typo in them must fail before minutes spent reading
+    // large files.
     let thresholds = match &args.thresholds {
         Some(path) => Thresholds::from_file(path)?,
         None => Thresholds::default(),
     };
+    let policy = policy.map(Policy::load).transpose()?;
     refuse_duplicates(&args.files)?;
     let mut builder = ReportBuilder::new(&thresholds);
+    if let Some(policy) = policy {
+        builder.set_policy(policy);
+    }
     for path in &args.files {
         let source = stream_run_file(path, |record| builder.add_record(&record))?;
         for warning in source.warnings() {
@@ -148,6 +194,9 @@ pub fn run(args: &Args) -> Result<Report, ReportError> {
     // Per-configuration warnings (sessions that ended without a closing record, dropped
     // records, injected faults) go to stderr too, where CI logs show them.
     for config in &report.configurations {
+        if let Some(injection) = &config.injection {
+            eprintln!("quantshadow report: warning: {}: {}", config.label, injection.summary());
+        }
         for warning in &config.warnings {
             eprintln!("quantshadow report: warning: {}: {warning}", config.label);
         }

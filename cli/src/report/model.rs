@@ -5,7 +5,7 @@ use super::load::RunSource;
 use super::rules::{FailurePattern, Recommendation};
 use quantshadow_runtime::formats::FormatClass;
 use quantshadow_runtime::metrics::Metrics;
-use quantshadow_runtime::record::{CheckMode, ClosingRecord, KeyValue, SkipCount};
+use quantshadow_runtime::record::{CheckMode, ClosingRecord, DiagnosisRecord, KeyValue, SkipCount};
 use quantshadow_runtime::thresholds::{Thresholds, Violation};
 use serde::Serialize;
 use std::fmt;
@@ -85,6 +85,9 @@ pub struct Report {
     pub thresholds: Thresholds,
     /// The file the thresholds came from; None for the built-in defaults.
     pub thresholds_file: Option<String>,
+    /// `quantshadow report --policy FILE`: evaluated against every configuration in addition
+    /// to the policies the runs recorded.
+    pub policy_file: Option<String>,
     /// Problems with the input files (torn tails, undecodable records).
     pub warnings: Vec<String>,
     pub configurations: Vec<ConfigurationReport>,
@@ -102,6 +105,12 @@ impl Report {
 pub struct ConfigurationReport {
     pub label: String,
     pub verdict: Verdict,
+    /// Why the verdict is what it is, in one sentence (without the verdict word).
+    pub reason: String,
+    /// Fault injection recorded by the sessions (QUANTSHADOW_INJECT); None when off.
+    pub injection: Option<InjectionReport>,
+    /// The backend policies evaluated for this configuration; None when there were none.
+    pub policy: Option<PolicyReport>,
     pub summary: ConfigSummary,
     pub counters: Counters,
     pub sessions: Vec<SessionSummary>,
@@ -119,6 +128,105 @@ impl ConfigurationReport {
     pub fn failing_sites(&self) -> impl Iterator<Item = &SiteReport> {
         self.sites.iter().filter(|s| s.status == SiteStatus::Fail)
     }
+
+    /// Policy rules broken by this configuration (empty without a policy).
+    pub fn policy_violations(&self) -> &[PolicyViolation] {
+        self.policy.as_ref().map_or(&[], |p| &p.violations)
+    }
+}
+
+/// What `QUANTSHADOW_INJECT` planted in a configuration (a banner in the report).
+#[derive(Debug, Clone, Serialize)]
+pub struct InjectionReport {
+    /// Canonical specs as recorded (one per distinct value over the sessions).
+    pub specs: Vec<String>,
+    /// Every item of the specs, with what its class does.
+    pub faults: Vec<InjectedFault>,
+    /// Injections that could not be applied to a call (reason without the
+    /// `fault injection not applied: ` prefix, count); not counted as ordinary skips.
+    pub not_applied: Vec<SkipCount>,
+    /// Calls whose observation carries the INJECTED flag.
+    pub injected_calls: u64,
+}
+
+impl InjectionReport {
+    /// One line for logs: "FAULT INJECTION ACTIVE (QUANTSHADOW_INJECT=garbage@0): 3 calls
+    /// faulted on purpose; 2 injections could not be applied".
+    pub fn summary(&self) -> String {
+        let spec =
+            if self.specs.is_empty() { "no spec recorded".to_string() } else { self.specs.join(" / ") };
+        let mut line = format!(
+            "FAULT INJECTION ACTIVE (QUANTSHADOW_INJECT={spec}): {} calls faulted on purpose, their failures are expected",
+            self.injected_calls
+        );
+        let not_applied: u64 = self.not_applied.iter().map(|s| s.count).sum();
+        if not_applied > 0 {
+            let what = if not_applied == 1 { "injection" } else { "injections" };
+            line.push_str(&format!("; {not_applied} {what} could not be applied"));
+        }
+        line
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InjectedFault {
+    /// The spec item, e.g. `nan@*mlp*`.
+    pub item: String,
+    pub class: String,
+    /// "every site", "site 3", "sites matching '*mlp*'".
+    pub target: String,
+    /// What the class does (`FaultClass::describe`); None for a class this build does not know.
+    pub effect: Option<String>,
+}
+
+/// Backend policy results of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyReport {
+    pub policies: Vec<PolicySummary>,
+    /// The environment variables the sessions recorded for their policies; value None: unset.
+    pub env: Vec<EnvFact>,
+    /// Broken rules, by site (ordinal) then rule; one per (rule, site, serving kernel).
+    pub violations: Vec<PolicyViolation>,
+    /// Rules that could not be decided for this configuration (also in its warnings).
+    pub undecided: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicySource {
+    /// QUANTSHADOW_POLICY of the run, recorded in its session records.
+    Recorded,
+    /// `quantshadow report --policy FILE`.
+    Report,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicySummary {
+    pub origin: String,
+    pub source: PolicySource,
+    pub rules: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct EnvFact {
+    pub name: String,
+    pub value: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyViolation {
+    /// Origin of the policy holding the rule.
+    pub policy: String,
+    pub source: PolicySource,
+    pub rule: String,
+    pub why: Option<String>,
+    pub site: SiteKey,
+    pub ordinal: u32,
+    pub entry_point: String,
+    /// The kernel that served the calls (None: unknown).
+    pub kernel: Option<String>,
+    /// One sentence quoting the rule (`policy::Violation::text`).
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -253,6 +361,60 @@ pub struct SiteReport {
     pub logits: Option<LogitsSummary>,
     /// The explanation of a failure (see [`super::rules::classify`]); None unless the site fails.
     pub pattern: Option<FailurePattern>,
+    /// Calls per serving kernel (the observations' `backend`, opaque; None: unknown), most
+    /// calls first.
+    pub serving: Vec<ServingKernel>,
+    /// "Fails only from M >= 56": calls fail exactly from one M on (`diagnosis::onset_m`).
+    pub onset: Option<MOnset>,
+    /// The diagnosis shown for this site: the most recent one with an explanation, else the
+    /// most recent (by timestamp, then call).
+    pub diagnosis: Option<DiagnosisRecord>,
+    /// Diagnosis records of this site in the input.
+    pub diagnoses: u64,
+    /// Scale layout analysis, one line per operand: the diagnosis' when there is one, else
+    /// computed from the worst call's problem; filled for failing and diagnosed sites.
+    pub scale_layout: Vec<String>,
+}
+
+impl SiteReport {
+    /// The diagnosis reading that explains this failing site's production output, if any.
+    pub fn explanation(&self) -> Option<&quantshadow_runtime::record::ReadingSummary> {
+        if self.status != SiteStatus::Fail {
+            return None;
+        }
+        self.diagnosis.as_ref()?.explaining()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServingKernel {
+    pub kernel: Option<String>,
+    pub calls: u64,
+}
+
+/// Failures that start at one M: every call with a smaller M passes, every other call fails.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MOnset {
+    pub first_failing_m: u64,
+    /// Distinct M of the passing calls, ascending.
+    pub passing_m: Vec<u64>,
+}
+
+impl MOnset {
+    /// Passing M values named before "and N more".
+    const LISTED: usize = 8;
+
+    /// "fails only from M >= 56 (calls with M in {1, 55} pass)".
+    pub fn describe(&self) -> String {
+        let shown: Vec<String> = self.passing_m.iter().take(Self::LISTED).map(u64::to_string).collect();
+        let more = self.passing_m.len().saturating_sub(Self::LISTED);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        format!(
+            "fails only from M >= {} (calls with M in {{{}{more}}} pass)",
+            self.first_failing_m,
+            shown.join(", ")
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

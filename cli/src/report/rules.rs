@@ -3,12 +3,15 @@
 //!
 //! Every failing site gets exactly one [`FailurePattern`] from [`classify`], the most specific
 //! explanation first (NaN/Inf, zero output, garbage, an exact power of two, ...), so a site is
-//! never explained twice in contradictory ways. Rules about patterns name the sites that show
+//! never explained twice in contradictory ways. A site whose diagnosis names the reading that
+//! explains production gets the diagnosis' advice (rule `diagnosis`, first) and none of the
+//! pattern rules, whose guesses could contradict it. Rules about patterns name the sites that show
 //! them; the other rules look at the configuration as a whole (nothing checked, incomplete
 //! runs, unchecked sites, M-dependence, bad inputs upstream). [`RULES`] is in the order the
 //! recommendations are shown: the likeliest root cause first.
 
 use super::model::{ConfigurationReport, SessionSummary, SiteReport, SiteStatus, Verdict};
+use super::policy::broken_rules;
 use super::text;
 use quantshadow_runtime::thresholds::Violation;
 use serde::Serialize;
@@ -62,6 +65,8 @@ pub struct Rule {
 
 pub const RULES: &[Rule] = &[
     Rule { id: "no-data", title: "Nothing was checked", advice: no_data },
+    Rule { id: "diagnosis", title: "Diagnosis names the bug", advice: diagnosis },
+    Rule { id: "policy", title: "Backend policy broken", advice: policy },
     Rule { id: "nonfinite", title: "NaN/Inf introduced", advice: nonfinite },
     Rule { id: "reference-nonfinite", title: "Inputs already NaN/Inf", advice: reference_nonfinite },
     Rule { id: "zero-output", title: "Output is zero", advice: zero_output },
@@ -152,8 +157,48 @@ pub fn power_of_two_factor(norm_ratio: f64) -> Option<f64> {
     [0.25, 0.5, 2.0, 4.0].into_iter().find(|f| ((norm_ratio - f) / f).abs() <= POWER_OF_TWO_TOLERANCE)
 }
 
+impl FailurePattern {
+    /// The rule that gives this pattern's advice.
+    pub fn rule_id(self) -> &'static str {
+        match self {
+            FailurePattern::NonFinite => "nonfinite",
+            FailurePattern::ZeroOutput => "zero-output",
+            FailurePattern::Garbage => "garbage-output",
+            FailurePattern::PowerOfTwo => "fp8-variant",
+            FailurePattern::Magnitude => "magnitude",
+            FailurePattern::FewRows => "few-rows",
+            FailurePattern::ScaleLayout => "scale-layout",
+            FailurePattern::Precision => "precision",
+            FailurePattern::Unclassified => "unclassified",
+        }
+    }
+
+    /// What the pattern says about a site, as the end of "the worst, `x` (...), ...".
+    fn in_words(self, site: &SiteReport) -> String {
+        match self {
+            FailurePattern::NonFinite => "introduces NaN/Inf".into(),
+            FailurePattern::ZeroOutput => "returns (nearly) all zeros".into(),
+            FailurePattern::Garbage => "returns output unrelated to the reference".into(),
+            FailurePattern::PowerOfTwo => {
+                let ratio = site.worst_call.as_ref().map_or(f64::NAN, |c| c.metrics.norm_ratio);
+                match power_of_two_factor(ratio) {
+                    Some(f) => format!("is off by an exact factor of {f}"),
+                    None => "is off by a power of two".into(),
+                }
+            }
+            FailurePattern::Magnitude => "has the right direction but the wrong magnitude".into(),
+            FailurePattern::FewRows => "has a few bad rows".into(),
+            FailurePattern::ScaleLayout => "looks like a scale layout mismatch".into(),
+            FailurePattern::Precision => "is short of precision".into(),
+            FailurePattern::Unclassified => "fails without a known pattern".into(),
+        }
+    }
+}
+
+/// Failing sites with `pattern`, except those a diagnosis explains (their advice is the
+/// diagnosis').
 fn sites_with(config: &ConfigurationReport, pattern: FailurePattern) -> Vec<&SiteReport> {
-    config.sites.iter().filter(|s| s.pattern == Some(pattern)).collect()
+    config.sites.iter().filter(|s| s.pattern == Some(pattern) && s.explanation().is_none()).collect()
 }
 
 fn names(sites: &[&SiteReport]) -> String {
@@ -192,6 +237,204 @@ fn no_data(config: &ConfigurationReport) -> Option<String> {
          calls were not checked.",
         facts.join("; ")
     ))
+}
+
+fn diagnosis(config: &ConfigurationReport) -> Option<String> {
+    // Failing sites a diagnosis explains, grouped by the reading (same bug, same advice).
+    let mut groups: Vec<(&str, Vec<&SiteReport>)> = Vec::new();
+    for site in config.failing_sites() {
+        let Some(reading) = site.explanation() else { continue };
+        match groups.iter_mut().find(|(id, _)| *id == reading.id) {
+            Some((_, sites)) => sites.push(site),
+            None => groups.push((reading.id.as_str(), vec![site])),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(_, sites)| {
+            let d = sites[0].diagnosis.as_ref().expect("explained sites have a diagnosis");
+            let reading = d.explaining().expect("explained");
+            let declared = d
+                .declared()
+                .map(|r| format!("; the declared contract gives cosine {}", text::cosine(r.cosine)))
+                .unwrap_or_default();
+            let check = match &d.recommendation {
+                Some(r) => format!(" Check: {}.", text::plain(r.trim_end_matches('.'))),
+                None => String::new(),
+            };
+            format!(
+                "At {} production matches the reference with {} (cosine {}, norm ratio {}{declared}).{check}",
+                names(sites),
+                text::plain(&reading.description),
+                text::cosine(reading.cosine),
+                text::ratio(reading.norm_ratio)
+            )
+        })
+        .collect();
+    Some(parts.join(" "))
+}
+
+fn policy(config: &ConfigurationReport) -> Option<String> {
+    let violations = config.policy_violations();
+    if violations.is_empty() {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for (rule, sites) in broken_rules(violations) {
+        let of_rule: Vec<_> = violations.iter().filter(|v| v.rule == rule).collect();
+        let first = of_rule[0];
+        let site_names: Vec<String> = sites.iter().map(|k| text::code(&k.to_string())).collect();
+        let mut kernels: Vec<String> = Vec::new();
+        for v in &of_rule {
+            let served = match &v.kernel {
+                Some(k) => text::code(k),
+                None => format!("{} (no kernel name)", text::code(&v.entry_point)),
+            };
+            if !kernels.contains(&served) {
+                kernels.push(served);
+            }
+        }
+        let why = first
+            .why
+            .as_deref()
+            .map(|w| format!(" The rule exists because: {}.", text::plain(w.trim_end_matches('.'))))
+            .unwrap_or_default();
+        parts.push(format!(
+            "Rule \"{}\" of policy {} is broken at {} ({}), served by {}.{why}",
+            text::plain(rule),
+            text::code(&first.policy),
+            text::count(sites.len(), "site", "sites"),
+            text::list_some(&site_names, SITES_NAMED),
+            text::list_some(&kernels, SITES_NAMED)
+        ));
+    }
+    parts.push(
+        "Route these GEMMs to a backend the rules allow (the environment flags, tuned configs or \
+         shape-based fallbacks that chose these kernels), or change the policy if a rule is out of date."
+            .into(),
+    );
+    Some(parts.join(" "))
+}
+
+/// The verdict's reason in one sentence (markdown, without the verdict word): what fails and
+/// the worst failure's explanation, or what passed.
+pub fn verdict_reason(config: &ConfigurationReport) -> String {
+    let s = &config.summary;
+    let mut failures = Vec::new();
+    if s.sites_failing > 0 {
+        let mut classes: Vec<&str> = config.failing_sites().map(|site| site.class.name()).collect();
+        classes.sort();
+        classes.dedup();
+        let thresholds = match classes.as_slice() {
+            [class] => format!("their {class} thresholds"),
+            _ => "their thresholds".to_string(),
+        };
+        let verb = if s.sites_failing == 1 { "fails" } else { "fail" };
+        failures.push(format!(
+            "{} of {} {verb} {thresholds}",
+            s.sites_failing,
+            text::count(s.sites_checked, "site", "sites")
+        ));
+    }
+    let broken = broken_rules(config.policy_violations());
+    if !broken.is_empty() {
+        let mut sites: Vec<&super::model::SiteKey> =
+            broken.iter().flat_map(|(_, sites)| sites.iter().copied()).collect();
+        sites.sort();
+        sites.dedup();
+        let at = text::count(sites.len(), "site", "sites");
+        failures.push(match broken.as_slice() {
+            [(rule, _)] => format!("rule \"{}\" is broken at {at}", text::plain(rule)),
+            [(a, _), (b, _)] => {
+                format!("rules \"{}\" and \"{}\" are broken at {at}", text::plain(a), text::plain(b))
+            }
+            _ => format!("{} policy rules are broken at {at}", broken.len()),
+        });
+    }
+    if !failures.is_empty() {
+        let mut reason = failures.join(" and ");
+        if let Some(worst) = worst_failing_site(config) {
+            let metrics = worst.worst_call.as_ref().map(|c| c.metrics);
+            let numbers = match (metrics, worst.pattern) {
+                (Some(m), Some(FailurePattern::NonFinite)) => {
+                    format!(
+                        " ({} NaN, {} Inf introduced)",
+                        m.nan_prod.saturating_sub(m.nan_ref),
+                        m.inf_prod.saturating_sub(m.inf_ref)
+                    )
+                }
+                (
+                    Some(m),
+                    Some(FailurePattern::PowerOfTwo | FailurePattern::Magnitude | FailurePattern::ZeroOutput),
+                ) => {
+                    format!(" (cosine {}, norm ratio {})", text::cosine(m.cosine), text::ratio(m.norm_ratio))
+                }
+                (Some(m), _) => format!(" (cosine {})", text::cosine(m.cosine)),
+                (None, _) => String::new(),
+            };
+            let what = match (worst.explanation(), worst.pattern) {
+                (Some(reading), _) => format!("is explained by {}", text::plain(&reading.description)),
+                (None, Some(pattern)) => pattern.in_words(worst),
+                (None, None) => "fails".into(),
+            };
+            let lead = if s.sites_failing > 1 { "the worst" } else { "the failing site" };
+            reason.push_str(&format!("; {lead}, {}{numbers}, {what}", text::code(&worst.key.to_string())));
+        }
+        return reason;
+    }
+    match config.verdict {
+        Verdict::NoData => {
+            let observed = if s.calls_observed > 0 {
+                format!(" ({} calls were only observed)", s.calls_observed)
+            } else {
+                String::new()
+            };
+            format!("not a single call was checked{observed}, so there is no evidence either way")
+        }
+        _ => {
+            let lowest = s
+                .metrics
+                .map(|m| format!(" (lowest cosine {})", text::cosine(m.cosine_min)))
+                .unwrap_or_default();
+            let checked = if s.sites_observed_only > 0 { "checked sites" } else { "sites" };
+            let mut reason = format!("all {} {checked} within thresholds{lowest}", s.sites_checked);
+            if s.sites_observed_only > 0 {
+                reason.push_str(&format!(
+                    "; {} only observed",
+                    text::count(s.sites_observed_only, "site was", "sites were")
+                ));
+            }
+            if let Some(policy) = &config.policy {
+                let undecided = if policy.undecided.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({} could not be decided)",
+                        text::count(policy.undecided.len(), "rule", "rules")
+                    )
+                };
+                reason.push_str(&format!("; the backend policy holds{undecided}"));
+            }
+            reason
+        }
+    }
+}
+
+/// The failing site to name in the reason: NaN/Inf first, then the lowest cosine (NaN lowest),
+/// then program order.
+fn worst_failing_site(config: &ConfigurationReport) -> Option<&SiteReport> {
+    let key = |s: &SiteReport| {
+        let cosine = s.worst_call.as_ref().map_or(f64::INFINITY, |c| c.metrics.cosine);
+        (s.nonfinite_calls == 0, if cosine.is_nan() { f64::NEG_INFINITY } else { cosine })
+    };
+    // `min_by` keeps the first of equal elements: program order breaks ties.
+    config.failing_sites().min_by(|a, b| {
+        let (ka, kb) = (key(a), key(b));
+        ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+    })
 }
 
 fn nonfinite(config: &ConfigurationReport) -> Option<String> {
@@ -332,7 +575,7 @@ fn few_rows(config: &ConfigurationReport) -> Option<String> {
         .sites
         .iter()
         .filter(|s| {
-            s.pattern == Some(FailurePattern::FewRows)
+            (s.pattern == Some(FailurePattern::FewRows) && s.explanation().is_none())
                 || (s.status == SiteStatus::Pass && s.worst_row.as_ref().is_some_and(|r| r.concentrated))
         })
         .collect();
@@ -361,16 +604,21 @@ fn few_rows(config: &ConfigurationReport) -> Option<String> {
 }
 
 fn m_dependent(config: &ConfigurationReport) -> Option<String> {
-    let sites: Vec<&SiteReport> = config.sites.iter().filter(|s| s.m_dependence.is_some()).collect();
+    // A site a diagnosis explains has its cause named already: no guess about tiles for it.
+    let sites: Vec<&SiteReport> =
+        config.sites.iter().filter(|s| s.m_dependence.is_some() && s.explanation().is_none()).collect();
     let first = sites.first()?;
-    let dependence = first.m_dependence.expect("filtered on m_dependence");
+    let dependence = match &first.onset {
+        Some(onset) => onset.describe(),
+        None => first.m_dependence.expect("filtered on m_dependence").describe(),
+    };
     Some(format!(
         "Failures depend on M at {}: {} {}. The kernel or tile configuration chosen for those M is \
          wrong: check the M-dependent selection (tuned configs, heuristics, padding of M) and \
          reproduce with the failing M alone.",
         names(&sites),
         text::code(&first.key.to_string()),
-        dependence.describe()
+        dependence
     ))
 }
 

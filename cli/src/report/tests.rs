@@ -220,10 +220,14 @@ fn each_call_is_judged_by_its_own_class() {
     records.push(Record::Observation(obs(1, 0, fp8_problem(8), Some(metrics(0.9995, 1e-3, 1.0)))));
     records.push(Record::Observation(obs(1, 1, bf16_problem(8), Some(metrics(0.9995, 1e-3, 1.0)))));
     records.push(closing(1, 2));
-    let config = only_config(&report_of(records)).clone();
+    let report = report_of(records);
+    let config = only_config(&report).clone();
     assert_eq!(config.sites[0].status, SiteStatus::Pass);
     assert_eq!(config.sites[1].status, SiteStatus::Fail);
     assert_eq!(config.sites[1].pattern, Some(FailurePattern::Precision));
+    // A failing site without scales has no scale layout to analyse.
+    assert!(config.sites[1].scale_layout.is_empty(), "{:?}", config.sites[1].scale_layout);
+    assert!(!render_markdown(&report, None).contains("Scale layout analysis"));
 }
 
 #[test]
@@ -449,7 +453,7 @@ fn rule_few_rows_and_m_dependence_on_a_tile_boundary_bug() {
         Some(model::MDependence::FailsFromM { first_failing: 64, last_passing: 48 })
     );
     assert_eq!(rule_ids(config), ["few-rows", "m-dependent"]);
-    assert!(advice(config, "m-dependent").contains("fails only for M >= 64 (passes for M <= 48)"));
+    assert!(advice(config, "m-dependent").contains("fails only from M >= 64 (calls with M in {32, 48} pass)"));
 }
 
 #[test]
@@ -515,6 +519,8 @@ fn every_rule_is_exercised_by_a_scenario() {
     // Keeps the table and the scenarios above in step: a new rule needs a scenario.
     let exercised = [
         "no-data",
+        "diagnosis",
+        "policy",
         "nonfinite",
         "reference-nonfinite",
         "zero-output",
@@ -729,4 +735,614 @@ fn a_million_observations_aggregate_quickly() {
     assert_eq!(report.configurations[0].summary.calls_checked, 500_000);
     assert!(markdown.len() > 1000);
     assert!(elapsed.as_secs_f64() < 5.0, "1M observations took {elapsed:?}");
+}
+
+// ---- issue 6: fault injection, diagnosis, backend policy, verdict reasons ---------------------
+
+use quantshadow_runtime::policy::Policy;
+use quantshadow_runtime::record::{DiagnosisRecord, ErrorMapSummary, ReadingSummary, RowPeriodSummary};
+
+/// A session record of `label` with extra settings (after `mode=rows`).
+fn session_with(id: u64, label: &str, settings: &[(&str, &str)]) -> Record {
+    let mut record = session(id, label, 0);
+    if let Record::Session(s) = &mut record {
+        s.settings
+            .extend(settings.iter().map(|(k, v)| KeyValue { key: k.to_string(), value: v.to_string() }));
+    }
+    record
+}
+
+fn md_of(report: &Report) -> String {
+    render_markdown(report, None)
+}
+
+fn reading(id: &str, description: &str, cosine: f64, norm_ratio: f64, explains: bool) -> ReadingSummary {
+    ReadingSummary {
+        id: id.into(),
+        description: description.into(),
+        declared: id == "declared",
+        cosine,
+        nmse: (1.0 - cosine) * 2.0,
+        norm_ratio,
+        nonfinite_mismatch: 0,
+        explains,
+    }
+}
+
+const INNER_MAJOR: &str = "A scales read column-major (inner-major)";
+const LAYOUT_ADVICE: &str = "scale layout mismatch: check that the quantization kernel writes the scales in the order the GEMM is told (row- vs column-major, a transpose_scale flag, a fallback path that ignores it)";
+
+/// The diagnosis of a failing block-scaled site whose A scales were read column-major.
+fn layout_diagnosis(session_id: u64, ordinal: u32, call_seq: u64, timestamp_ns: u64) -> DiagnosisRecord {
+    DiagnosisRecord {
+        session_id,
+        site_id: 0x5eed_0000 + ordinal as u64,
+        site_ordinal: ordinal,
+        call_seq,
+        rows: 64,
+        readings: vec![
+            reading("a-scales-inner-major", INNER_MAJOR, 0.99998, 1.0, true),
+            reading("a-scales-swizzled", "A scales read pre-shuffled (128x4 swizzled)", 0.62, 0.98, false),
+            reading("a-scales-ignored", "A scales ignored (all 1)", 0.55, 3.1, false),
+            reading("b-scales-inner-major", "B scales read column-major (inner-major)", 0.43, 1.0, false),
+            reading("a-fnuz", "A read as e4m3fnuz", 0.42, 0.5, false),
+            reading("b-fnuz", "B read as e4m3fnuz", 0.415, 0.5, false),
+            reading("declared", "the declared contract", 0.41, 1.0, false),
+        ],
+        skipped: vec![KeyValue {
+            key: "A and B scales swapped".into(),
+            value: "B's scale buffer is smaller than A's grid".into(),
+        }],
+        explanation: Some("a-scales-inner-major".into()),
+        equivalent: Vec::new(),
+        text: format!(
+            "production matches the reference with {INNER_MAJOR}: cosine 0.99998, norm ratio 1.000; declared layout gives cosine 0.41, norm ratio 1.000"
+        ),
+        recommendation: Some(LAYOUT_ADVICE.into()),
+        error_map: Some(ErrorMapSummary {
+            m: 64,
+            rows_checked: 64,
+            bad_rows: vec![15, 31, 47, 63],
+            bad_rows_total: 4,
+            row_period: Some(RowPeriodSummary { period: 16, offset: 15, first_row: 15 }),
+            col_block: 128,
+            col_blocks: 32,
+            bad_col_blocks: (0..32).collect(),
+            bad_a_scale_blocks: Some(vec![15, 31, 47, 63]),
+            bad_b_scale_blocks: None,
+            summary: "bad rows: every 16th row (i = 15 mod 16) from row 15 (4 of 64 checked, M = 64); bad column blocks (128 wide): all 32; A scale blocks along M: 15, 31, 47, 63".into(),
+        }),
+        scale_layout: vec![
+            "A scales: 1x128 blocks, grid 64x32, f32, OuterMajor, ld 32, 2048 entries".into(),
+            "B scales: 128x128 blocks, grid 32x32, f32, OuterMajor, ld 32, 1024 entries".into(),
+        ],
+        timestamp_ns,
+    }
+}
+
+/// Three FP8 block-scaled sites, site 1 failing at cosine 0.41 with a diagnosis record.
+fn diagnosed_records() -> Vec<Record> {
+    let mut records = configuration(1, "fp8-block", 3, fp8_problem, |i| {
+        if i == 1 {
+            metrics(0.41, 1.2, 1.0)
+        } else {
+            fp8_ok()
+        }
+    });
+    // An older diagnosis with the explanation, and a newer one without: the explained one shows.
+    let mut unexplained = layout_diagnosis(1, 1, 9, 900);
+    unexplained.explanation = None;
+    unexplained.text =
+        "no reading of the contract explains production: declared gives cosine 0.4100, norm ratio 1.000"
+            .into();
+    unexplained.recommendation = None;
+    records.push(Record::Diagnosis(layout_diagnosis(1, 1, 5, 500)));
+    records.push(Record::Diagnosis(unexplained));
+    records
+}
+
+#[test]
+fn injection_banner_lists_each_class_and_the_notes_that_were_not_applied() {
+    let mut records = vec![session_with(1, "fp8-inject", &[("inject", "garbage@0,nan@*mlp*")])];
+    let mut garbage = obs(1, 0, fp8_problem(64), Some(metrics(0.006, 1.7, 1.0)));
+    garbage.flags |= flags::INJECTED;
+    records.push(Record::Observation(garbage));
+    records.push(Record::Observation(obs(1, 1, fp8_problem(64), Some(fp8_ok()))));
+    records.push(Record::Closing(ClosingRecord {
+        session_id: 1,
+        calls_seen: 20,
+        sampled: 4,
+        checked: 2,
+        skipped: vec![
+            SkipCount { reason: "no_workspace".into(), count: 2 },
+            SkipCount {
+                reason: "fault injection not applied: scale-transpose cannot be applied to this call: A has no scales".into(),
+                count: 3,
+            },
+        ],
+        dropped: 0,
+        end_time_ns: 2,
+    }));
+    let report = report_of(records);
+    let config = only_config(&report);
+    let injection = config.injection.as_ref().expect("injection recorded");
+    assert_eq!(injection.specs, ["garbage@0,nan@*mlp*"]);
+    assert_eq!(injection.injected_calls, 1);
+    assert_eq!(injection.faults.len(), 2);
+    assert_eq!(injection.faults[1].target, "sites matching '*mlp*'");
+    assert_eq!(injection.not_applied.len(), 1);
+    assert_eq!(
+        injection.not_applied[0].reason,
+        "scale-transpose cannot be applied to this call: A has no scales"
+    );
+    // Not an ordinary skip.
+    assert_eq!(config.counters.skipped, [SkipCount { reason: "no_workspace".into(), count: 2 }]);
+
+    let md = md_of(&report);
+    let banner = "## 🧪 Fault injection active\n\n\
+        > **Bugs were planted on purpose** (`QUANTSHADOW_INJECT`): failures at the targeted sites are expected and say nothing about the libraries under test.\n\
+        >\n\
+        > **`fp8-inject`**: `QUANTSHADOW_INJECT=garbage@0,nan@*mlp*`; 1 call faulted.\n\
+        > - `garbage` at site 0: output replaced by noise of the same RMS per row\n\
+        > - `nan` at sites matching '\\*mlp\\*': a single NaN in the output\n\
+        >\n\
+        > ⚠️ **Not applied**: these calls ran without the planted fault, so they do not test it:\n\
+        > - scale-transpose cannot be applied to this call: A has no scales (3 times)\n";
+    assert!(md.contains(banner), "{md}");
+    assert!(md.find(banner).unwrap() < md.find("Run files:").unwrap(), "the banner comes first");
+    assert!(md.contains("🧪 **Fault injection active** (`garbage@0,nan@*mlp*`): 1 call faulted on purpose; see the banner at the top."), "{md}");
+    assert!(
+        md.contains(
+            "; skipped 2 (no\\_workspace 2); 3 fault injections not applied (see the banner); 0 dropped"
+        ),
+        "{md}"
+    );
+    // The banner says it all: no warning repeats it (stderr gets the summary line).
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    assert_eq!(
+        injection.summary(),
+        "FAULT INJECTION ACTIVE (QUANTSHADOW_INJECT=garbage@0,nan@*mlp*): 1 calls faulted on purpose, their failures are expected; 3 injections could not be applied"
+    );
+}
+
+#[test]
+fn an_unknown_fault_class_is_shown_not_hidden() {
+    let mut records = configuration(1, "demo", 1, fp8_problem, |_| fp8_ok());
+    records[0] = session_with(1, "demo", &[("inject", "zero@model.layers.3.mlp.down_proj,tile-rows@2")]);
+    let md = md_of(&report_of(records));
+    assert!(md.contains("> - `zero` at sites matching 'model.layers.3.mlp.down\\_proj': not a fault class this build knows\n"), "{md}");
+    assert!(
+        md.contains(
+            "> - `tile-rows` at site 2: rows i % 16 == 15 wrong (copy of the row above) when M \\>= 56\n"
+        ),
+        "{md}"
+    );
+}
+
+#[test]
+fn a_diagnosed_failing_site_shows_explanation_readings_error_map_layout_and_advice() {
+    let report = report_of(diagnosed_records());
+    let config = only_config(&report);
+    let site = &config.sites[1];
+    assert_eq!(site.diagnoses, 2);
+    let shown = site.diagnosis.as_ref().unwrap();
+    assert_eq!((shown.call_seq, shown.explanation.as_deref()), (5, Some("a-scales-inner-major")));
+    assert_eq!(site.explanation().map(|r| r.description.as_str()), Some(INNER_MAJOR));
+    assert_eq!(site.pattern, Some(FailurePattern::ScaleLayout), "the pattern is kept for scripts");
+    // The diagnosis' advice replaces the pattern's guess for this site, and comes first.
+    assert_eq!(rule_ids(config), ["diagnosis"]);
+    assert_eq!(
+        advice(config, "diagnosis"),
+        format!(
+            "At 1 site (`model.layers.1.mlp.down_proj`) production matches the reference with {INNER_MAJOR} (cosine 0.999980, norm ratio 1.0000; the declared contract gives cosine 0.410000). Check: {}.",
+            LAYOUT_ADVICE.replace('_', "\\_")
+        )
+    );
+    assert_eq!(
+        config.reason,
+        format!("1 of 3 sites fails their fp8 thresholds; the failing site, `model.layers.1.mlp.down_proj` (cosine 0.410000), is explained by {INNER_MAJOR}")
+    );
+
+    let md = md_of(&report);
+    assert!(md.contains(&format!("## `fp8-block`: ❌ FAIL\n\n❌ FAIL: {}.\n", config.reason)), "{md}");
+    assert!(md.contains(&format!("| 1 | {} |\n", config.reason)), "summary reason column: {md}");
+    assert!(md.contains(&format!("Explained by {INNER_MAJOR} (diagnosis).")), "{md}");
+    let details = format!(
+        "### Failing site details\n\n\
+         #### `model.layers.1.mlp.down_proj` (#1)\n\n\
+         - **Diagnosis** (call 5 of rank 0, 64 rows compared, the one shown of 2 diagnoses): production matches the reference with {INNER_MAJOR}: cosine 0.99998, norm ratio 1.000; declared layout gives cosine 0.41, norm ratio 1.000.\n\
+         - **What to check**: Scale layout mismatch: check that the quantization kernel writes the scales in the order the GEMM is told (row- vs column-major, a transpose\\_scale flag, a fallback path that ignores it).\n\n\
+         | Reading | Cosine | NMSE | Norm ratio | Explains? |\n\
+         |---|--:|--:|--:|:-:|\n\
+         | {INNER_MAJOR} (`a-scales-inner-major`) | 0.999980 | 4.00e-05 | 1.0000 | ✅ best explanation |\n\
+         | A scales read pre-shuffled (128x4 swizzled) (`a-scales-swizzled`) | 0.620000 | 7.60e-01 | 0.9800 | – |\n\
+         | A scales ignored (all 1) (`a-scales-ignored`) | 0.550000 | 9.00e-01 | 3.1000 | – |\n\
+         | B scales read column-major (inner-major) (`b-scales-inner-major`) | 0.430000 | 1.14e+00 | 1.0000 | – |\n\
+         | A read as e4m3fnuz (`a-fnuz`) | 0.420000 | 1.16e+00 | 0.5000 | – |\n\
+         | **the declared contract** (declared) | 0.410000 | 1.18e+00 | 1.0000 | – |\n\n\
+         2 more readings were evaluated (all in the JSON report).\n\n\
+         Not evaluated: A and B scales swapped (B's scale buffer is smaller than A's grid).\n\n\
+         **Error map** (call with M = 64, 64 rows checked):\n\n\
+         - bad rows: every 16th row (i = 15 mod 16) from row 15 (4 of 64 checked, M = 64)\n\
+         - bad column blocks (128 wide): all 32\n\
+         - A scale blocks along M: 15, 31, 47, 63\n\n\
+         **Scale layout analysis** (as the diagnosed call declared them):\n\n\
+         - A scales: 1x128 blocks, grid 64x32, f32, OuterMajor, ld 32, 2048 entries\n\
+         - B scales: 128x128 blocks, grid 32x32, f32, OuterMajor, ld 32, 1024 entries\n"
+    );
+    assert!(md.contains(&details), "{md}");
+    assert!(md.find("### Failing site details").unwrap() < md.find("### Recommendations").unwrap());
+    assert!(md.contains("1. **Diagnosis names the bug**: At 1 site"), "{md}");
+    assert!(!md.contains("Scale layout mismatch suspected"), "no contradicting guess: {md}");
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+#[test]
+fn the_most_recent_explained_diagnosis_wins_and_orphans_are_warned() {
+    let mut records = diagnosed_records();
+    records.push(Record::Diagnosis(layout_diagnosis(1, 1, 12, 1200)));
+    let mut orphan = layout_diagnosis(1, 99, 3, 100);
+    orphan.site_id = 0xdead;
+    records.push(Record::Diagnosis(orphan));
+    let report = report_of(records);
+    let config = only_config(&report);
+    assert_eq!(config.sites[1].diagnoses, 3);
+    assert_eq!(config.sites[1].diagnosis.as_ref().unwrap().call_seq, 12);
+    assert_eq!(
+        config.warnings,
+        ["1 diagnosis record is about sites with no observation in the given run files: not shown"]
+    );
+}
+
+#[test]
+fn a_failing_site_without_diagnosis_gets_its_onset_m_and_a_computed_scale_layout() {
+    let mut records = vec![session(1, "tile", 0)];
+    for (seq, (m, cosine)) in [(1u64, 0.9999), (55, 0.9999), (56, 0.94), (128, 0.93)].into_iter().enumerate()
+    {
+        let mut o =
+            obs(1, 0, fp8_problem(m), Some(metrics(cosine, if cosine < 0.99 { 0.1 } else { 1e-4 }, 1.0)));
+        o.call_seq = seq as u64;
+        records.push(Record::Observation(o));
+    }
+    // A second site fails at M = 8 and 128 but passes at 64: no onset.
+    for (seq, (m, cosine)) in [(8u64, 0.5), (64, 0.9999), (128, 0.5)].into_iter().enumerate() {
+        let mut o =
+            obs(1, 1, fp8_problem(m), Some(metrics(cosine, if cosine < 0.99 { 0.5 } else { 1e-4 }, 1.0)));
+        o.call_seq = 10 + seq as u64;
+        records.push(Record::Observation(o));
+    }
+    records.push(closing(1, 7));
+    let report = report_of(records);
+    let config = only_config(&report);
+    let onset = config.sites[0].onset.as_ref().expect("fails from M = 56 on");
+    assert_eq!((onset.first_failing_m, onset.passing_m.as_slice()), (56, &[1u64, 55][..]));
+    assert_eq!(onset.describe(), "fails only from M >= 56 (calls with M in {1, 55} pass)");
+    assert_eq!(config.sites[1].onset, None);
+    // The worst call of site 0 is M = 56 (largest NMSE among failing calls: both 0.1, first kept).
+    let md = md_of(&report);
+    assert!(md.contains("rows mode, backend `hipblaslt`): cosine 0.940000 is below 0.999; NMSE 1.00e-01 is above 2.00e-03. Fails only from M \\>= 56 (calls with M in {1, 55} pass).\n"), "{md}");
+    let worst_m = config.sites[0].worst_call.as_ref().unwrap().m;
+    let details = format!(
+        "#### `model.layers.0.mlp.down_proj` (#0)\n\n\
+         - **Diagnosis**: none recorded for this site (`QUANTSHADOW_DIAGNOSE=on-fail` diagnoses failing sites).\n\
+         - **M onset**: Fails only from M \\>= 56 (calls with M in {{1, 55}} pass).\n\
+         - **What to check**: see **Scale layout mismatch suspected** under Recommendations.\n\n\
+         **Scale layout analysis** (as declared, at the worst call's M = {worst_m}):\n\n\
+         - A scales: 1x128 blocks, grid {worst_m}x32, f32, OuterMajor, ld 32, {} entries\n\
+         - B scales: 128x128 blocks, grid 32x32, f32, OuterMajor, ld 32, 1024 entries\n",
+        worst_m * 32
+    );
+    assert!(md.contains(&details), "{md}");
+    assert_eq!(
+        config.reason,
+        "2 of 2 sites fail their fp8 thresholds; the worst, `model.layers.1.mlp.down_proj` (cosine 0.500000), looks like a scale layout mismatch"
+    );
+}
+
+#[test]
+fn a_passing_sites_diagnosis_is_listed_compactly() {
+    let mut records = configuration(1, "every-site", 2, fp8_problem, |_| fp8_ok());
+    let mut d = layout_diagnosis(1, 0, 0, 10);
+    d.readings = vec![
+        reading("declared", "the declared contract", 0.99999, 1.0, true),
+        reading("a-scales-inner-major", INNER_MAJOR, 0.41, 1.0, false),
+    ];
+    d.explanation = None;
+    d.recommendation = None;
+    d.error_map = None;
+    d.text = "the declared contract is the best reading (cosine 0.99999, norm ratio 1.000); no alternative reading explains production better".into();
+    records.push(Record::Diagnosis(d));
+    let report = report_of(records);
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Pass);
+    assert_eq!(rule_ids(config), ["pass"]);
+    assert_eq!(config.reason, "all 2 sites within thresholds (lowest cosine 0.999950)");
+    let md = md_of(&report);
+    assert!(md.contains(
+        "### Diagnoses of passing sites\n\n\
+         - `model.layers.0.mlp.down_proj` (#0, ✅ PASS): the declared contract is the best reading (cosine 0.99999, norm ratio 1.000); no alternative reading explains production better. Scales: A scales: 1x128 blocks, grid 64x32, f32, OuterMajor, ld 32, 2048 entries; B scales: 128x128 blocks, grid 32x32, f32, OuterMajor, ld 32, 1024 entries.\n"
+    ), "{md}");
+    assert!(!md.contains("### Failing site") && !md.contains("Diagnosis names the bug"), "{md}");
+    assert!(md.contains("✅ PASS: all 2 sites within thresholds (lowest cosine 0.999950).\n"), "{md}");
+}
+
+const POLICY: &str = r#"
+[[rule]]
+name = "no ASM GEMM on gfx950 in CK-free mode"
+why = "aiter's ASM a8w8 GEMM returned garbage (cosine 0.006) on gfx950"
+when = { arch = "gfx950*", env = { ATOM_CK_FREE = "1" } }
+sites = { a_format = "e4m3*" }
+deny = { kernel = "*asm*gemm*" }
+
+[[rule]]
+name = "CK-free: every FP8 GEMM by Triton"
+when = { env = { ATOM_CK_FREE = "1" } }
+sites = { a_format = "e4m3*" }
+require = { kernel = "*triton*" }
+"#;
+
+const ASM: &str = "_ZN5aiter17asm_a8w8_gemm_128";
+const TRITON: &str = "_gemm_a8w8_blockscale_triton_kernel";
+
+/// A CK-free run on gfx950 (every metric healthy): site 0 served by the ASM kernel, site 1 by
+/// Triton, site 2 by Triton twice and the ASM kernel once.
+fn policy_records(ck_free: Option<&str>) -> Vec<Record> {
+    let mut settings =
+        vec![("policy", "/etc/qs/ck-free.toml"), ("policy.text", POLICY), ("policy.env", "ATOM_CK_FREE")];
+    if let Some(value) = ck_free {
+        settings.push(("env.ATOM_CK_FREE", value));
+    }
+    let mut records = vec![session_with(1, "ck-free", &settings)];
+    let served = [(0u32, ASM), (1, TRITON), (2, TRITON), (2, TRITON), (2, ASM)];
+    for (seq, (ordinal, kernel)) in served.into_iter().enumerate() {
+        let mut o = obs(1, ordinal, fp8_problem(64), Some(fp8_ok()));
+        o.entry_point = "hipModuleLaunchKernel".into();
+        o.backend = Some(kernel.into());
+        o.call_seq = seq as u64;
+        records.push(Record::Observation(o));
+    }
+    records.push(closing(1, 5));
+    records
+}
+
+#[test]
+fn a_recorded_policy_fails_the_configuration_and_quotes_the_rule() {
+    let report = report_of(policy_records(Some("1")));
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Fail);
+    assert_eq!(config.summary.sites_failing, 0, "every metric is healthy");
+    let violations = config.policy_violations();
+    let found: Vec<(u32, &str, Option<&str>)> =
+        violations.iter().map(|v| (v.ordinal, v.rule.as_str(), v.kernel.as_deref())).collect();
+    assert_eq!(
+        found,
+        [
+            (0, "no ASM GEMM on gfx950 in CK-free mode", Some(ASM)),
+            (0, "CK-free: every FP8 GEMM by Triton", Some(ASM)),
+            (2, "no ASM GEMM on gfx950 in CK-free mode", Some(ASM)),
+            (2, "CK-free: every FP8 GEMM by Triton", Some(ASM)),
+        ]
+    );
+    assert_eq!(
+        config.reason,
+        "rules \"no ASM GEMM on gfx950 in CK-free mode\" and \"CK-free: every FP8 GEMM by Triton\" are broken at 2 sites"
+    );
+    assert_eq!(rule_ids(config), ["policy"]);
+    let policy_advice = advice(config, "policy");
+    assert!(policy_advice.starts_with(
+        "Rule \"no ASM GEMM on gfx950 in CK-free mode\" of policy `/etc/qs/ck-free.toml` is broken at 2 sites (`model.layers.0.mlp.down_proj`, `model.layers.2.mlp.down_proj`), served by `_ZN5aiter17asm_a8w8_gemm_128`. The rule exists because: aiter's ASM a8w8 GEMM returned garbage (cosine 0.006) on gfx950."
+    ), "{policy_advice}");
+
+    let md = md_of(&report);
+    assert!(md.contains(&format!("❌ FAIL: {}.\n", config.reason)), "{md}");
+    assert!(md.contains(
+        "### Backend policy\n\n\
+         - Policies: `/etc/qs/ck-free.toml` (recorded by the run, 2 rules)\n\
+         - Environment the rules name: `ATOM_CK_FREE=1`\n\n\
+         ❌ 2 rules broken, at 4 sites and kernels:\n\n\
+         1. site 0 was served by kernel `_ZN5aiter17asm_a8w8_gemm_128` via `hipModuleLaunchKernel`, which rule \"no ASM GEMM on gfx950 in CK-free mode\" denies (kernel = \"\\*asm\\*gemm\\*\") (`model.layers.0.mlp.down_proj`). Why: aiter's ASM a8w8 GEMM returned garbage (cosine 0.006) on gfx950.\n\
+         2. site 0 was served by kernel `_ZN5aiter17asm_a8w8_gemm_128` via `hipModuleLaunchKernel`; rule \"CK-free: every FP8 GEMM by Triton\" requires kernel = \"\\*triton\\*\" (`model.layers.0.mlp.down_proj`).\n"
+    ), "{md}");
+    assert!(md.contains(
+        "| # | Site | Entry point | Serving kernel (calls) | Formats | Policy |\n|--:|---|---|---|---|:-:|\n"
+    ), "{md}");
+    assert!(md.contains(&format!(
+        "| 1 | `model.layers.1.mlp.down_proj` | `hipModuleLaunchKernel` | `{TRITON}` (1) | `e4m3fn*e4m3fn->bf16` | ✅ |\n\
+         | 2 | `model.layers.2.mlp.down_proj` | `hipModuleLaunchKernel` | `{TRITON}` (2), `{ASM}` (1) | `e4m3fn*e4m3fn->bf16` | ❌ \"no ASM GEMM on gfx950 in CK-free mode\", \"CK-free: every FP8 GEMM by Triton\" |\n"
+    )), "{md}");
+    // The policy's TOML is not dumped into the settings line.
+    assert!(md.contains("- Settings: `env.ATOM_CK_FREE=1`, `mode=rows`, `policy=/etc/qs/ck-free.toml`, `policy.env=ATOM_CK_FREE`\n"), "{md}");
+}
+
+#[test]
+fn a_recorded_policy_out_of_force_passes_and_says_so() {
+    // ATOM_CK_FREE is named by the policy and was unset: neither rule is in force.
+    let report = report_of(policy_records(None));
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Pass);
+    assert!(config.policy_violations().is_empty());
+    assert_eq!(
+        config.reason,
+        "all 3 sites within thresholds (lowest cosine 0.999950); the backend policy holds"
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let md = md_of(&report);
+    assert!(md.contains("- Environment the rules name: `ATOM_CK_FREE` unset\n\n✅ No rule is broken at any of the 3 sites.\n"), "{md}");
+}
+
+#[test]
+fn an_unreadable_recorded_policy_is_a_warning() {
+    let mut records = policy_records(Some("1"));
+    records[0] =
+        session_with(1, "ck-free", &[("policy", "p.toml"), ("policy.text", "[[rule]\n"), ("policy.env", "")]);
+    let report = report_of(records);
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Pass);
+    assert_eq!(config.warnings.len(), 1);
+    assert!(
+        config.warnings[0]
+            .starts_with("the backend policy the run recorded could not be read (policy p.toml: "),
+        "{:?}",
+        config.warnings
+    );
+}
+
+fn report_with_policy(records: Vec<Record>, policy: &str) -> Report {
+    let thresholds = Thresholds::default();
+    let mut builder = ReportBuilder::new(&thresholds);
+    builder.set_policy(Policy::parse(policy, "strict.toml").unwrap());
+    builder.add_source(LoadedRun::from_records("test.qsr", Vec::new()).source);
+    for record in &records {
+        builder.add_record(record);
+    }
+    builder.finish()
+}
+
+#[test]
+fn a_report_time_policy_needing_an_unrecorded_variable_warns_and_does_not_fail() {
+    // An older run: no policy recorded, so no environment either.
+    let mut records = policy_records(None);
+    records[0] = session(1, "ck-free", 0);
+    let undecidable = r#"
+[[rule]]
+name = "CK-free: every FP8 GEMM by Triton"
+when = { env = { ATOM_CK_FREE = "1" } }
+require = { kernel = "*triton*" }
+
+[[rule]]
+name = "no ASM on NVIDIA"
+when = { arch = "sm_*", env = { SOME_FLAG = "1" } }
+deny = { kernel = "*asm*" }
+"#;
+    let report = report_with_policy(records.clone(), undecidable);
+    assert_eq!(report.policy_file.as_deref(), Some("strict.toml"));
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Pass);
+    let expected = "policy strict.toml: rule \"CK-free: every FP8 GEMM by Triton\" cannot be decided: the run did not record ATOM_CK_FREE (a run records the variables its own QUANTSHADOW_POLICY names: run with this policy to have them recorded); it is not held against this configuration";
+    // The arch rule is out of force on gfx950 whatever SOME_FLAG was: no warning for it.
+    assert_eq!(config.warnings, [expected]);
+    assert_eq!(config.policy.as_ref().unwrap().undecided, [expected]);
+    assert_eq!(config.reason, "all 3 sites within thresholds (lowest cosine 0.999950); the backend policy holds (1 rule could not be decided)");
+    let md = md_of(&report);
+    assert!(
+        md.contains(
+            "- Policies: `strict.toml` (`--policy`, 2 rules)\n- ⚠️ Undecided: policy strict.toml: rule"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("Backend policy `strict.toml` (`--policy`) is evaluated against every configuration"),
+        "{md}"
+    );
+
+    // A rule the run's facts decide is held against it.
+    let decidable = format!("{undecidable}\n[[rule]]\nname = \"no ASM on gfx950\"\nwhen = {{ arch = \"gfx950\" }}\ndeny = {{ kernel = \"*asm*\" }}\n");
+    let report = report_with_policy(records, &decidable);
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Fail);
+    let v = config.policy_violations();
+    assert_eq!(
+        v.iter().map(|v| (v.ordinal, v.source)).collect::<Vec<_>>(),
+        [(0, model::PolicySource::Report), (2, model::PolicySource::Report)]
+    );
+    assert_eq!(config.reason, "rule \"no ASM on gfx950\" is broken at 2 sites");
+}
+
+#[test]
+fn a_policy_given_twice_counts_each_violation_once() {
+    let report = report_with_policy(policy_records(Some("1")), POLICY);
+    let config = only_config(&report);
+    assert_eq!(config.policy_violations().len(), 4);
+    let sources: Vec<_> =
+        config.policy.as_ref().unwrap().policies.iter().map(|p| (p.origin.as_str(), p.source)).collect();
+    assert_eq!(
+        sources,
+        [
+            ("/etc/qs/ck-free.toml", model::PolicySource::Recorded),
+            ("strict.toml", model::PolicySource::Report)
+        ]
+    );
+}
+
+#[test]
+fn json_carries_injection_diagnosis_policy_backends_and_reasons() {
+    let mut records = diagnosed_records();
+    records[0] = session_with(
+        1,
+        "fp8-block",
+        &[
+            ("inject", "scale-transpose@1"),
+            ("policy", "p.toml"),
+            ("policy.text", "[[rule]]\nname = \"no hipBLASLt\"\ndeny = { kernel = \"hipblaslt\" }\n"),
+            ("policy.env", ""),
+        ],
+    );
+    let report = report_of(records);
+    let value: serde_json::Value = serde_json::from_str(&render_json(&report)).unwrap();
+    let config = &value["configurations"][0];
+    assert_eq!(config["verdict"], "FAIL");
+    assert_eq!(config["reason"], only_config(&report).reason.as_str());
+    assert!(config["reason"].as_str().unwrap().starts_with("1 of 3 sites fails their fp8 thresholds and rule \"no hipBLASLt\" is broken at 3 sites; the failing site"));
+    assert_eq!(config["injection"]["specs"][0], "scale-transpose@1");
+    assert_eq!(
+        config["injection"]["faults"][0]["effect"],
+        "one operand's scales passed in the other storage order"
+    );
+    assert_eq!(config["policy"]["violations"][0]["rule"], "no hipBLASLt");
+    assert_eq!(config["policy"]["violations"][0]["kernel"], "hipblaslt");
+    assert_eq!(config["policy"]["violations"][0]["site"], "model.layers.0.mlp.down_proj");
+    let site = &config["sites"][1];
+    assert_eq!(site["diagnosis"]["explanation"], "a-scales-inner-major");
+    assert_eq!(site["diagnosis"]["error_map"]["row_period"]["period"], 16);
+    assert_eq!(site["diagnoses"], 2);
+    assert_eq!(site["serving"][0]["kernel"], "hipblaslt");
+    assert_eq!(site["serving"][0]["calls"], 1);
+    assert_eq!(
+        site["scale_layout"][0],
+        "A scales: 1x128 blocks, grid 64x32, f32, OuterMajor, ld 32, 2048 entries"
+    );
+    assert_eq!(config["recommendations"][0]["rule"], "diagnosis");
+    assert_eq!(config["recommendations"][1]["rule"], "policy");
+}
+
+#[test]
+fn old_records_get_nothing_new_but_the_reason_and_backend_table() {
+    let report = three_configurations();
+    for config in &report.configurations {
+        assert!(config.injection.is_none() && config.policy.is_none());
+        assert!(config.sites.iter().all(|s| s.diagnosis.is_none() && s.diagnoses == 0));
+        assert!(config.warnings.is_empty(), "{}: {:?}", config.label, config.warnings);
+    }
+    let md = md_of(&report);
+    for absent in [
+        "🧪",
+        "Fault injection",
+        "### Backend policy",
+        "Diagnoses of passing sites",
+        "Undecided",
+        "Diagnosis names",
+    ] {
+        assert!(!md.contains(absent), "{absent}: {md}");
+    }
+    assert_eq!(report.configurations[0].reason, "all 3 sites within thresholds (lowest cosine 1.000000)");
+    assert_eq!(
+        report.configurations[1].reason,
+        "3 of 3 sites fail their fp8 thresholds; the worst, `model.layers.0.mlp.down_proj` (cosine 1.000000, norm ratio 0.5000), is off by an exact factor of 0.5"
+    );
+    assert_eq!(
+        report.configurations[2].reason,
+        "2 of 3 sites fail their fp8 thresholds; the worst, `model.layers.1.mlp.down_proj` (cosine 0.006000), returns output unrelated to the reference"
+    );
+    // Backend selection is collapsed without a policy.
+    assert!(md.contains("### Backend selection\n\n<details><summary>Kernels serving the 3 sites: 1 distinct</summary>\n\n| # | Site | Entry point | Serving kernel (calls) | Formats |\n"), "{md}");
+    assert!(md.contains("| 0 | `model.layers.0.mlp.down_proj` | `hipblasLtMatmul` | `hipblaslt` (1) | `bf16*bf16->bf16` |\n"), "{md}");
+    // A failing site of an old run still gets its scale layout analysis.
+    assert!(
+        md.contains("#### `model.layers.1.mlp.down_proj` (#1)\n\n- **Diagnosis**: none recorded"),
+        "{md}"
+    );
+    let value: serde_json::Value = serde_json::from_str(&render_json(&report)).unwrap();
+    assert!(
+        value["configurations"][0]["injection"].is_null() && value["configurations"][0]["policy"].is_null()
+    );
 }

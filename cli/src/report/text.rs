@@ -69,6 +69,27 @@ pub fn plain(text: &str) -> String {
     out
 }
 
+/// Text that already marks code with backticks (policy violations, diagnosis notes): the code
+/// spans are kept (re-fenced so that `|` cannot split a table cell), the rest is [`plain`].
+pub fn code_aware(text: &str) -> String {
+    if !text.matches('`').count().is_multiple_of(2) {
+        return plain(text);
+    }
+    text.split('`').enumerate().map(|(i, part)| if i % 2 == 1 { code(part) } else { plain(part) }).collect()
+}
+
+/// "1st", "2nd", "16th": how the error map words a row period.
+pub fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 /// Text for SVG/XML content and attribute values.
 pub fn xml(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -129,6 +150,19 @@ mod tests {
         assert_eq!(code("`x"), "`` `x ``");
         assert_eq!(plain("fp8 | *asm*"), "fp8 \\| \\*asm\\*");
         assert_eq!(plain("<script>"), "\\<script\\>");
+    }
+
+    #[test]
+    fn code_spans_survive_and_the_rest_is_escaped() {
+        assert_eq!(
+            code_aware("kernel `a|b` via `hip`, denies (kernel = \"*asm*\")"),
+            "kernel `a\\|b` via `hip`, denies (kernel = \"\\*asm\\*\")"
+        );
+        assert_eq!(code_aware("odd ` tick"), "odd \\` tick");
+        assert_eq!(
+            [ordinal(1), ordinal(2), ordinal(3), ordinal(11), ordinal(16), ordinal(22)],
+            ["1st", "2nd", "3rd", "11th", "16th", "22nd"]
+        );
     }
 
     #[test]

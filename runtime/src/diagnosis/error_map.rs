@@ -229,3 +229,13 @@ pub fn scale_layout_summary(problem: &GemmProblem) -> String {
         one_scale("B", problem.b_scale.as_ref(), problem.n, problem.k, problem.batch)
     )
 }
+
+/// [`scale_layout_summary`] of a recorded problem, one line per operand: what the report shows
+/// as the "scale layout analysis" of a site that has no diagnosis record (a record keeps the
+/// problem as a [`ProblemSummary`], not a [`GemmProblem`]).
+pub fn scale_layout_lines(problem: &crate::record::ProblemSummary) -> Vec<String> {
+    vec![
+        one_scale("A", problem.a_scale.as_ref(), problem.m, problem.k, problem.batch),
+        one_scale("B", problem.b_scale.as_ref(), problem.n, problem.k, problem.batch),
+    ]
+}
