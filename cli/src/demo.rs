@@ -497,7 +497,17 @@ fn run_configuration(
                 value: if config.planted.is_empty() {
                     "none".into()
                 } else {
-                    config.planted.iter().map(|(s, f)| format!("{f}@{s}")).collect::<Vec<_>>().join(",")
+                    // As QUANTSHADOW_INJECT would name them (the fixture's all-zero output is the
+                    // runtime's zero-after-first class).
+                    config
+                        .planted
+                        .iter()
+                        .map(|(s, f)| match f {
+                            Fault::Zero => format!("zero-after-first@{s}"),
+                            f => format!("{f}@{s}"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
                 },
             },
         ],
