@@ -41,11 +41,35 @@ pub struct ReadingResult {
     pub metrics: Metrics,
     /// Pairs where exactly one side is finite (a reading that invents or hides NaN/Inf).
     pub nonfinite_mismatch: u64,
+    /// Of those, the pairs where only the reference is non-finite: values the reading makes
+    /// NaN/Inf that production computed (codes without a value in the reading's format, such as
+    /// e4m3fn's -0 byte, NaN in e4m3fnuz, and every output its row touches).
+    pub invented: u64,
 }
 
 impl ReadingResult {
-    fn key(&self) -> (u64, f64, f64) {
-        (self.nonfinite_mismatch, -self.metrics.cosine, (1.0 - self.metrics.norm_ratio).abs())
+    /// NaN/Inf production has that the reading does not reproduce.
+    pub fn missed(&self) -> u64 {
+        self.nonfinite_mismatch.saturating_sub(self.invented)
+    }
+
+    /// Ranking key, smaller is better: production's NaN/Inf unexplained first; then whether the
+    /// reading leaves at least a tenth of the values finite (its cosine and norm ratio, taken
+    /// over finite pairs, say little otherwise); then whether it explains production, and among
+    /// those that do, fewer invented NaN/Inf; then cosine and norm ratio. A reading that only
+    /// adds NaN/Inf where its format has no value for a code still explains the finite values:
+    /// e4m3fn data read as e4m3fnuz, whose -0 bytes turn NaN.
+    fn key(&self) -> (u64, bool, bool, u64, f64, f64) {
+        let mostly_nonfinite = self.invented.saturating_mul(10) > self.metrics.count.saturating_mul(9);
+        let explains = self.explains();
+        (
+            self.missed(),
+            mostly_nonfinite,
+            !explains,
+            if explains { self.invented } else { 0 },
+            -self.metrics.cosine,
+            (1.0 - self.metrics.norm_ratio).abs(),
+        )
     }
 
     /// Whether this reading reproduces production (cosine and norm ratio both close).
@@ -133,7 +157,9 @@ pub fn diagnose(
                 let nonfinite_mismatch =
                     prod.iter().zip(&reference).filter(|(p, r)| p.is_finite() != r.is_finite()).count()
                         as u64;
-                results.push(ReadingResult { reading, metrics, nonfinite_mismatch });
+                let invented =
+                    prod.iter().zip(&reference).filter(|(p, r)| p.is_finite() && !r.is_finite()).count() as u64;
+                results.push(ReadingResult { reading, metrics, nonfinite_mismatch, invented });
             }
             Err(e) => {
                 if reading.kind == ReadingKind::Declared {
@@ -179,6 +205,12 @@ pub fn rank(mut results: Vec<ReadingResult>, skipped: Vec<(Reading, String)>) ->
             if !equivalent.is_empty() {
                 let names: Vec<&str> = equivalent.iter().map(|r| r.description.as_str()).collect();
                 t.push_str(&format!(" (equally explained by: {})", names.join(", ")));
+            }
+            if e.invented > 0 {
+                t.push_str(&format!(
+                    "; that reading also turns {} of {} values NaN/Inf that production computed (codes without a value in its format, e.g. e4m3fn's -0 byte read as e4m3fnuz)",
+                    e.invented, e.metrics.count
+                ));
             }
             t
         }

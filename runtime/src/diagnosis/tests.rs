@@ -282,3 +282,46 @@ fn alternatives_have_unique_ids() {
         assert!(ids.contains(&want), "{want} missing from {ids:?}");
     }
 }
+
+#[test]
+fn names_fn_as_fnuz_when_negative_zero_bytes_turn_nan_under_the_reading() {
+    // PyTorch's e4m3fn data holds -0 bytes (0x80) wherever small values round to zero; read as
+    // e4m3fnuz they are NaN, and every output of their rows too. Production (0.5x, no NaN) is
+    // still explained by the fnuz reading on its finite values.
+    let p = fp8(24, 40, 128, None, None);
+    let mut inputs = random_inputs(&p, 77).unwrap();
+    for i in (0..inputs.a.len()).step_by(997) {
+        inputs.a[i] = 0x80;
+    }
+    let honest = full(&p, &inputs);
+    let mut d = crate::inject::tests_support::encode_output(&p, &honest);
+    apply_output_fault(&p, FaultClass::FnAsFnuz, &mut d, 0).unwrap();
+    let prod = decode_output(&p, &d).unwrap();
+    let diag = expect(&p, &inputs, &prod, "b-as-e4m3fnuz");
+    let e = diag.explanation.as_ref().unwrap();
+    assert_eq!(e.reading.id, "b-as-e4m3fnuz", "B has no -0 bytes: its reading invents nothing");
+    let a = diag.ranked.iter().find(|r| r.reading.id == "a-as-e4m3fnuz").unwrap();
+    assert!(a.invented > 0 && a.missed() == 0 && a.explains(), "{a:?}");
+    // With -0 bytes in both operands, each fnuz reading invents NaN: it still explains.
+    for i in (0..inputs.b.len()).step_by(997) {
+        inputs.b[i] = 0x80;
+    }
+    let honest = full(&p, &inputs);
+    let mut d = crate::inject::tests_support::encode_output(&p, &honest);
+    apply_output_fault(&p, FaultClass::FnAsFnuz, &mut d, 0).unwrap();
+    let prod = decode_output(&p, &d).unwrap();
+    let diag = expect(&p, &inputs, &prod, "a-as-e4m3fnuz");
+    assert!(
+        diag.text.contains("turns") && diag.text.contains("NaN/Inf that production computed"),
+        "{}",
+        diag.text
+    );
+    // A reading that leaves almost nothing finite is not an explanation, whatever its cosine.
+    let garbage_nan = ReadingResult {
+        reading: diag.ranked[0].reading.clone(),
+        metrics: crate::metrics::Metrics { count: 1000, ..diag.ranked[0].metrics },
+        nonfinite_mismatch: 950,
+        invented: 950,
+    };
+    assert!(garbage_nan.key() > diag.declared.key());
+}

@@ -290,6 +290,8 @@ impl Assembly {
                     // lower bound, exact when one side's non-finite values sit where the other
                     // is finite (a reading that invents or hides NaN/Inf, the case it ranks).
                     nonfinite_mismatch: (s.nan_prod + s.inf_prod).abs_diff(s.nan_ref + s.inf_ref),
+                    // Likewise: what the reference has beyond production.
+                    invented: (s.nan_ref + s.inf_ref).saturating_sub(s.nan_prod + s.inf_prod),
                 }),
                 Some(s) => skipped.push((reading.clone(), status_reason(s.status))),
                 None => skipped.push((reading.clone(), "result not received".into())),
