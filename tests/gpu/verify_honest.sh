@@ -34,6 +34,6 @@ for s in $(seq 1 "$RUNS"); do
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "$PAR" -L 1 bash -c 'one $0 $1 $2' | sort | tee "$OUT/summary.txt"
 fails=$(grep -c " exit [^0]" "$OUT/summary.txt")
-checked=$(awk '{for (i = 1; i <= NF; i++) if ($i == "checked") s += $(i - 1)} END {print s + 0}' "$OUT/summary.txt")
+checked=$(awk '{for (i = 1; i <= NF; i++) if ($i == "checked") s += $(i + 1)} END {print s + 0}' "$OUT/summary.txt")
 echo "honest runs: $(wc -l <"$OUT/summary.txt"), runs with a failing exit: $fails, checks: $checked"
 exit $(( fails > 0 ))
