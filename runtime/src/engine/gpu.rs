@@ -534,25 +534,8 @@ impl GpuBackend {
             sc.pending = false;
         }
         let p = &req.call.problem;
-        let (ar, ac) = p.a_stored_dims();
-        let a_bytes = p.a.format.bytes_for(p.a.required_elements(ar, ac, p.batch) as usize);
-        let d_bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize);
-        let s_bytes = p
-            .a_scale
-            .as_ref()
-            .filter(|_| buffers.a_scale != 0)
-            .map_or(0, |s| s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize));
-        let c_bytes =
-            p.c.as_ref()
-                .filter(|_| buffers.c != 0)
-                .map_or(0, |c| c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize));
         let mut out = *buffers;
-        let targets = [
-            (buffers.a, a_bytes, &mut out.a),
-            (buffers.d, d_bytes, &mut out.d),
-            (buffers.a_scale, s_bytes, &mut out.a_scale),
-            (buffers.c, c_bytes, &mut out.c),
-        ];
+        let targets = per_call_inputs(p, buffers, &mut out);
         for (slot, (src, bytes, dst)) in sc.copies.iter_mut().zip(targets) {
             if src == 0 || bytes == 0 {
                 continue;
@@ -573,6 +556,30 @@ impl GpuBackend {
         QsGemmDesc::from_problem(p, &out)
             .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))
     }
+}
+
+/// (source, bytes, where the copy's address goes) of the per-call inputs a side-stream check
+/// copies before the caller may overwrite them: A, D, A's scales and C, in that order (absent
+/// ones with 0 bytes). Weights and their scales stay put during inference and are not copied.
+fn per_call_inputs<'b>(
+    p: &crate::problem::GemmProblem,
+    src: &GemmBuffers,
+    out: &'b mut GemmBuffers,
+) -> [(u64, usize, &'b mut u64); 4] {
+    let (ar, ac) = p.a_stored_dims();
+    let a_bytes = p.a.format.bytes_for(p.a.required_elements(ar, ac, p.batch) as usize);
+    let d_bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize);
+    let s_bytes = p
+        .a_scale
+        .as_ref()
+        .filter(|_| src.a_scale != 0)
+        .map_or(0, |s| s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize));
+    let c_bytes =
+        p.c.as_ref()
+            .filter(|_| src.c != 0)
+            .map_or(0, |c| c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize));
+    let GemmBuffers { a, d, a_scale, c, .. } = out;
+    [(src.a, a_bytes, a), (src.d, d_bytes, d), (src.a_scale, s_bytes, a_scale), (src.c, c_bytes, c)]
 }
 
 /// Error text without addresses or sizes (skip reasons are counted per string).

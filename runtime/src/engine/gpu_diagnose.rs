@@ -869,30 +869,9 @@ impl GpuBackend {
     }
 }
 
-/// (source, bytes, where the copy's address goes) of the per-call inputs a side-stream
-/// diagnosis copies: A, D, A's scales and C (the same extents as the rows check copies).
-fn input_copies<'b>(
-    p: &GemmProblem,
-    src: &GemmBuffers,
-    out: &'b mut GemmBuffers,
-) -> Vec<(u64, usize, &'b mut u64)> {
-    let (ar, ac) = p.a_stored_dims();
-    let a_bytes = p.a.format.bytes_for(p.a.required_elements(ar, ac, p.batch) as usize);
-    let d_bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize);
-    let s_bytes = p
-        .a_scale
-        .as_ref()
-        .filter(|_| src.a_scale != 0)
-        .map_or(0, |s| s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize));
-    let c_bytes =
-        p.c.as_ref()
-            .filter(|_| src.c != 0)
-            .map_or(0, |c| c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize));
-    let GemmBuffers { a, d, a_scale, c, .. } = out;
-    [(src.a, a_bytes, a), (src.d, d_bytes, d), (src.a_scale, s_bytes, a_scale), (src.c, c_bytes, c)]
-        .into_iter()
-        .filter(|(ptr, bytes, _)| *ptr != 0 && *bytes != 0)
-        .collect()
+/// The per-call inputs a side-stream diagnosis copies ([`super::per_call_inputs`]), present ones.
+fn input_copies<'b>(p: &GemmProblem, src: &GemmBuffers, out: &'b mut GemmBuffers) -> Vec<(u64, usize, &'b mut u64)> {
+    super::per_call_inputs(p, src, out).into_iter().filter(|(ptr, bytes, _)| *ptr != 0 && *bytes != 0).collect()
 }
 
 #[cfg(test)]
