@@ -128,7 +128,7 @@ struct RowsState {
 
 struct SideCheck {
     /// Copies of A, D, A's scales and C, each with its size (reallocated when a call needs more).
-    copies: [Option<DeviceBuffer>; 4],
+    copies: [Option<DeviceBuffer>; 6],
     inputs_ready: Event,
     done: Event,
     /// A check was enqueued and `done` recorded after it.
@@ -524,7 +524,7 @@ impl GpuBackend {
             let inputs_ready = rt.create_event().map_err(|e| fail("side stream event", e))?;
             let done = rt.create_event().map_err(|e| fail("side stream event", e))?;
             state.side =
-                Some(SideCheck { copies: [None, None, None, None], inputs_ready, done, pending: false });
+                Some(SideCheck { copies: Default::default(), inputs_ready, done, pending: false });
         }
         let sc = state.side.as_mut().expect("set above");
         if sc.pending {
@@ -535,7 +535,7 @@ impl GpuBackend {
         }
         let p = &req.call.problem;
         let mut out = *buffers;
-        let targets = per_call_inputs(p, buffers, &mut out);
+        let targets = per_call_inputs(p, buffers, &mut out, self.weights_rewritten(req.site_id));
         for (slot, (src, bytes, dst)) in sc.copies.iter_mut().zip(targets) {
             if src == 0 || bytes == 0 {
                 continue;
@@ -560,26 +560,43 @@ impl GpuBackend {
 
 /// (source, bytes, where the copy's address goes) of the per-call inputs a side-stream check
 /// copies before the caller may overwrite them: A, D, A's scales and C, in that order (absent
-/// ones with 0 bytes). Weights and their scales stay put during inference and are not copied.
+/// ones with 0 bytes). Weights and their scales stay put during inference and are not copied,
+/// except with `weights` (B and its scales, last): fault injection rewrites them in place at
+/// every call of the site, so side-stream work must read a copy taken right after the call.
 fn per_call_inputs<'b>(
     p: &crate::problem::GemmProblem,
     src: &GemmBuffers,
     out: &'b mut GemmBuffers,
-) -> [(u64, usize, &'b mut u64); 4] {
-    let (ar, ac) = p.a_stored_dims();
-    let a_bytes = p.a.format.bytes_for(p.a.required_elements(ar, ac, p.batch) as usize);
-    let d_bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize);
-    let s_bytes = p
-        .a_scale
-        .as_ref()
-        .filter(|_| src.a_scale != 0)
-        .map_or(0, |s| s.format.bytes_for(s.required_entries(p.m, p.k, p.batch) as usize));
-    let c_bytes =
-        p.c.as_ref()
-            .filter(|_| src.c != 0)
-            .map_or(0, |c| c.format.bytes_for(c.required_elements(p.m, p.n, p.batch) as usize));
-    let GemmBuffers { a, d, a_scale, c, .. } = out;
-    [(src.a, a_bytes, a), (src.d, d_bytes, d), (src.a_scale, s_bytes, a_scale), (src.c, c_bytes, c)]
+    weights: bool,
+) -> [(u64, usize, &'b mut u64); 6] {
+    let matrix = |layout: &crate::problem::MatrixLayout, (rows, cols): (u64, u64)| {
+        layout.format.bytes_for(layout.required_elements(rows, cols, p.batch) as usize)
+    };
+    let scales = |spec: &Option<crate::problem::ScaleSpec>, ptr: u64, outer: u64| {
+        spec.as_ref().filter(|_| ptr != 0).map_or(0, |s| s.format.bytes_for(s.required_entries(outer, p.k, p.batch) as usize))
+    };
+    let a_bytes = matrix(&p.a, p.a_stored_dims());
+    let d_bytes = matrix(&p.d, (p.m, p.n));
+    let s_bytes = scales(&p.a_scale, src.a_scale, p.m);
+    let c_bytes = p.c.as_ref().filter(|_| src.c != 0).map_or(0, |c| matrix(c, (p.m, p.n)));
+    let (b_bytes, bs_bytes) =
+        if weights { (matrix(&p.b, p.b_stored_dims()), scales(&p.b_scale, src.b_scale, p.n)) } else { (0, 0) };
+    let GemmBuffers { a, b, d, a_scale, b_scale, c, .. } = out;
+    [
+        (src.a, a_bytes, a),
+        (src.d, d_bytes, d),
+        (src.a_scale, s_bytes, a_scale),
+        (src.c, c_bytes, c),
+        (src.b, b_bytes, b),
+        (src.b_scale, bs_bytes, b_scale),
+    ]
+}
+
+impl GpuBackend {
+    /// Whether fault injection rewrites this site's B or B's scales in place.
+    fn weights_rewritten(&self, site_id: u64) -> bool {
+        self.inject.lock().unwrap_or_else(|e| e.into_inner()).rewrites_weights(site_id)
+    }
 }
 
 /// Error text without addresses or sizes (skip reasons are counted per string).

@@ -638,7 +638,8 @@ impl GpuBackend {
         let mut bufs = *buffers;
         let mut copies = vec![];
         if side.is_some() {
-            for (src, bytes, dst) in input_copies(p, buffers, &mut bufs) {
+            let weights = self.weights_rewritten(req.site_id);
+            for (src, bytes, dst) in input_copies(p, buffers, &mut bufs, weights) {
                 let copy = self.checker.alloc(bytes).map_err(|e| pool("inputs", e))?;
                 *dst = copy.ptr;
                 copies.push((copy.ptr, src, bytes));
@@ -870,8 +871,16 @@ impl GpuBackend {
 }
 
 /// The per-call inputs a side-stream diagnosis copies ([`super::per_call_inputs`]), present ones.
-fn input_copies<'b>(p: &GemmProblem, src: &GemmBuffers, out: &'b mut GemmBuffers) -> Vec<(u64, usize, &'b mut u64)> {
-    super::per_call_inputs(p, src, out).into_iter().filter(|(ptr, bytes, _)| *ptr != 0 && *bytes != 0).collect()
+fn input_copies<'b>(
+    p: &GemmProblem,
+    src: &GemmBuffers,
+    out: &'b mut GemmBuffers,
+    weights: bool,
+) -> Vec<(u64, usize, &'b mut u64)> {
+    super::per_call_inputs(p, src, out, weights)
+        .into_iter()
+        .filter(|(ptr, bytes, _)| *ptr != 0 && *bytes != 0)
+        .collect()
 }
 
 #[cfg(test)]

@@ -47,6 +47,16 @@ pub(super) struct InjectState {
     saved: HashMap<SavedKey, DeviceBuffer>,
 }
 
+impl InjectState {
+    /// Whether a rewrite of `site`'s B or B's scales has been set up (side-stream work of the
+    /// site must then copy them: the next call rewrites them in place while it may still run).
+    pub(super) fn rewrites_weights(&self, site: u64) -> bool {
+        self.saved.keys().any(|(s, role, _, _)| {
+            *s == site && matches!(role, Role::Operand(Operand::B) | Role::Scale(Operand::B))
+        })
+    }
+}
+
 /// One before-call rewrite, planned: what to save and how to rewrite it.
 #[derive(Debug, Clone)]
 pub(super) struct PlannedRewrite {
