@@ -158,7 +158,8 @@ pub fn diagnose(
                     prod.iter().zip(&reference).filter(|(p, r)| p.is_finite() != r.is_finite()).count()
                         as u64;
                 let invented =
-                    prod.iter().zip(&reference).filter(|(p, r)| p.is_finite() && !r.is_finite()).count() as u64;
+                    prod.iter().zip(&reference).filter(|(p, r)| p.is_finite() && !r.is_finite()).count()
+                        as u64;
                 results.push(ReadingResult { reading, metrics, nonfinite_mismatch, invented });
             }
             Err(e) => {

@@ -523,8 +523,7 @@ impl GpuBackend {
         if state.side.is_none() {
             let inputs_ready = rt.create_event().map_err(|e| fail("side stream event", e))?;
             let done = rt.create_event().map_err(|e| fail("side stream event", e))?;
-            state.side =
-                Some(SideCheck { copies: Default::default(), inputs_ready, done, pending: false });
+            state.side = Some(SideCheck { copies: Default::default(), inputs_ready, done, pending: false });
         }
         let sc = state.side.as_mut().expect("set above");
         if sc.pending {
@@ -573,14 +572,19 @@ fn per_call_inputs<'b>(
         layout.format.bytes_for(layout.required_elements(rows, cols, p.batch) as usize)
     };
     let scales = |spec: &Option<crate::problem::ScaleSpec>, ptr: u64, outer: u64| {
-        spec.as_ref().filter(|_| ptr != 0).map_or(0, |s| s.format.bytes_for(s.required_entries(outer, p.k, p.batch) as usize))
+        spec.as_ref()
+            .filter(|_| ptr != 0)
+            .map_or(0, |s| s.format.bytes_for(s.required_entries(outer, p.k, p.batch) as usize))
     };
     let a_bytes = matrix(&p.a, p.a_stored_dims());
     let d_bytes = matrix(&p.d, (p.m, p.n));
     let s_bytes = scales(&p.a_scale, src.a_scale, p.m);
     let c_bytes = p.c.as_ref().filter(|_| src.c != 0).map_or(0, |c| matrix(c, (p.m, p.n)));
-    let (b_bytes, bs_bytes) =
-        if weights { (matrix(&p.b, p.b_stored_dims()), scales(&p.b_scale, src.b_scale, p.n)) } else { (0, 0) };
+    let (b_bytes, bs_bytes) = if weights {
+        (matrix(&p.b, p.b_stored_dims()), scales(&p.b_scale, src.b_scale, p.n))
+    } else {
+        (0, 0)
+    };
     let GemmBuffers { a, b, d, a_scale, b_scale, c, .. } = out;
     [
         (src.a, a_bytes, a),

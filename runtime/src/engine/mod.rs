@@ -548,7 +548,8 @@ impl Engine {
             self.diagnoses_wanted.fetch_sub(1, Ordering::Relaxed);
             return true;
         }
-        let first = every_site && !state.in_flight && state.started == 0 && state.done == 0 && state.declined == 0;
+        let first =
+            every_site && !state.in_flight && state.started == 0 && state.done == 0 && state.declined == 0;
         state.in_flight |= first;
         first
     }
