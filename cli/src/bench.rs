@@ -51,6 +51,10 @@ pub enum Which {
         /// Slots of the results ring in mapped host memory.
         #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
         ring_slots: u32,
+        /// Sketch probes k, comma-separated for tables side by side (default: the shim's).
+        #[arg(long, value_delimiter = ',', default_values_t = [quantshadow_runtime::sketch::DEFAULT_PROBES],
+              value_parser = clap::value_parser!(u32).range(1..=32))]
+        probes: Vec<u32>,
     },
     /// Report generation from a run file of this many observations.
     Report {
@@ -78,7 +82,9 @@ pub fn main(args: Args) -> ExitCode {
             bench_collector(&scratch.path, clients as usize, records_per_client, !no_validate)
         }
         // Printed as it goes; nothing more to print at the end.
-        Which::Gpu { only, ring_slots } => crate::bench_gpu::run(&only, ring_slots).map(|_| String::new()),
+        Which::Gpu { only, ring_slots, probes } => {
+            crate::bench_gpu::run(&only, ring_slots, &probes).map(|_| String::new())
+        }
         Which::Report { records, sites, configurations } => {
             bench_report(&scratch.path, records, sites, configurations)
         }

@@ -14,7 +14,7 @@ use quantshadow_runtime::device::{DeviceError, GpuRuntime, Stream};
 use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::problem::{GemmBuffers, GemmProblem, ScaleGranularity, ScaleSpec, Transpose};
 use quantshadow_runtime::rng::SplitMix64;
-use quantshadow_runtime::sketch::{RowSample, DEFAULT_PROBES, DEFAULT_ROWS_PER_CALL};
+use quantshadow_runtime::sketch::{RowSample, DEFAULT_ROWS_PER_CALL};
 use std::sync::Arc;
 
 /// Prints a piece of the report at once (a run cut short by a time limit keeps what it had)
@@ -78,7 +78,7 @@ fn random_bytes(bytes: usize, seed: u64, format: Format) -> Vec<u8> {
     out
 }
 
-pub fn run(only: &[String], ring_slots: u32) -> Result<String, String> {
+pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<String, String> {
     for s in only {
         if !["copy", "reference", "sketch", "compare"].contains(&s.as_str()) {
             return Err(format!("unknown section {s:?} (copy, reference, sketch, compare)"));
@@ -155,10 +155,10 @@ pub fn run(only: &[String], ring_slots: u32) -> Result<String, String> {
         }
     }
 
-    if want("sketch") {
+    for &probes in probe_counts.iter().filter(|_| want("sketch")) {
         // Sketch check per call (weight projection done once, outside the timing).
         emit(&mut report, &format!(
-            "\n| sketch check (k = {DEFAULT_PROBES}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | us per call |\n| --- | --- | --- | --- | --- |\n"
+            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | us per call |\n| --- | --- | --- | --- | --- |\n"
         ));
         for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
             for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
@@ -185,11 +185,10 @@ pub fn run(only: &[String], ring_slots: u32) -> Result<String, String> {
                         ..Default::default()
                     };
                     let g = QsGemmDesc::from_problem(&p, &bufs).map_err(|e| e.to_string())?;
-                    let weight =
-                        checker.sketch_weight(&g, a, d, 42, DEFAULT_PROBES).map_err(|e| e.to_string())?;
+                    let weight = checker.sketch_weight(&g, a, d, 42, probes).map_err(|e| e.to_string())?;
                     let sample = RowSample::new(42, m, DEFAULT_ROWS_PER_CALL);
                     let scratch = checker
-                        .sketch_scratch(sample.count.min(m), k, n, DEFAULT_PROBES, false)
+                        .sketch_scratch(sample.count.min(m), k, n, probes, false)
                         .map_err(|e| e.to_string())?;
                     let epoch = checker.alloc_zeroed(8).map_err(|e| e.to_string())?;
                     // Drain the ring between timings so it never fills.
