@@ -976,7 +976,7 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
             const double cosine = c_nanp + c_infp + c_nanr + c_infr > 0 ? -qs_inf() : qs_cosine(v[0], v[1], v[2]);
             sm.rkey[warp] = ~qs_sketch_rank_key(cosine, t);
             QsSketchRow* r = (QsSketchRow*)P.rowrec_ptr + t;
-            r->row = row;
+            r->row = P.packed_ptr ? ((const qs_u64*)(P.packed_ptr + sizeof(QsSnapHeader)))[t] : row;
             r->cosine = cosine;
             r->dot = v[0];
             r->prod_sq = v[1];
@@ -1021,6 +1021,12 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
 }
 
 // The whole check (the last group's block): read and reset the totals, publish the slot.
+// Status bits of a snapshot's copy, when they belong to the launch that took it.
+QS_DEVICE qs_u32 qs_snap_status(const QsSnapHeader* h) {
+    const qs_u64 w = h->status;
+    return (w >> 32) == h->take ? (qs_u32)(w & 0xFFFFFFFFull) : 0u;
+}
+
 QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch) {
     // The ring claim (a read of host memory and a device CAS) runs on warp 1 while the other
     // warps read the totals: its round trips overlap theirs.
@@ -1068,6 +1074,7 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
         slot->probes = k;
         slot->rows_checked = valid ? P.rows.count : 0;
         qs_u32 status = qs_take_status(P.status_ptr);
+        if (P.packed_ptr) status |= qs_snap_status((const QsSnapHeader*)P.packed_ptr);
         if (!valid) status |= QS_STATUS_BAD_DESCRIPTOR;
         if (P.g.activation != QS_ACT_NONE) status |= QS_STATUS_NONLINEAR;
         if (tot.counts[4] + tot.counts[5] > 0) status |= QS_STATUS_REF_NONFINITE;
@@ -1088,7 +1095,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     const QsGemmDesc& g = P.g;
     const qs_u64 st = P.status_ptr;
     const unsigned G = gridDim.x, S = gridDim.y, gi = blockIdx.x, si = blockIdx.y;
-    const qs_u64 epoch = qs_rows_epoch(P.rows);
+    const qs_u64 epoch = P.packed_ptr ? ((const QsSnapHeader*)P.packed_ptr)->epoch : qs_rows_epoch(P.rows);
     const qs_u64 t = (qs_u64)gi * QS_WARPS_PER_BLOCK + warp;
     qs_u64 row = 0;
     bool active = valid && t < P.rows.count && qs_rows_at(P.rows, epoch, t, &row, st);
@@ -1292,6 +1299,8 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
         __syncthreads();
         if (!qs_take) return;
     }
+    // A detached check whose snapshot launch was not sampled: nothing to do (uniform).
+    if (P.packed_ptr && ((const QsSnapHeader*)P.packed_ptr)->take == 0) return;
     if (P.snapshot_ptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < QS_WEIGHT_SAMPLES &&
         P.g.b.ptr && qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
         qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
@@ -1310,4 +1319,203 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
             qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
             break;
     }
+}
+
+// ================================================================================================
+// qs_sketch_snap_{a}_{d}: the snapshot of a detached check (QsSnapParams in qs_abi.h). Runs on
+// the caller's stream right after the call; the check reads only the snapshot, so it can run
+// later on a side stream or as a graph branch nobody waits for. A copy, no arithmetic: the
+// packed rows hold the call's codes, and the check decodes them exactly as it would in place.
+// ================================================================================================
+#define QS_SKETCH_SNAP QS_CAT5(qs_sketch_snap_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+
+// Elements [lo, hi) of a row whose element e is at element offset first + e * step of `src`
+// (bits per element, `extent` elements in the buffer) into dst, packed from element 0. The
+// block's threads share the work. Contiguous byte-format rows at 16-byte aligned addresses
+// move as 16-byte vectors; everything else element by element (4-bit formats a byte, i.e. two
+// elements, per thread). Elements past the extent read as code 0 and flag the copy.
+QS_DEVICE void qs_snap_row(const qs_u8* src, qs_u64 first, qs_u64 step, qs_u64 extent, qs_u32 bits, qs_u8* dst,
+                           qs_u64 lo, qs_u64 hi, qs_u64 st) {
+    if (lo >= hi) return;
+    const qs_u32 fmt = bits == 4 ? QS_FMT_E2M1 : bits == 8 ? QS_FMT_INT8 : bits == 16 ? QS_FMT_F16 : QS_FMT_F32;
+    const bool in_bounds = first + (hi - 1) * step < extent;
+    if (bits >= 8 && step == 1 && in_bounds) {
+        const qs_u64 B = bits / 8;
+        const qs_u8* s = src + (first + lo) * B;
+        qs_u8* d = dst + lo * B;
+        const qs_u64 bytes = (hi - lo) * B;
+        if ((((qs_u64)s | (qs_u64)d) & 15u) == 0) {
+            const qs_u64 vecs = bytes / 16;
+            for (qs_u64 v = threadIdx.x; v < vecs; v += blockDim.x) ((uint4*)d)[v] = ((const uint4*)s)[v];
+            for (qs_u64 b = vecs * 16 + threadIdx.x; b < bytes; b += blockDim.x) d[b] = s[b];
+        } else {
+            for (qs_u64 b = threadIdx.x; b < bytes; b += blockDim.x) d[b] = s[b];
+        }
+        return;
+    }
+    if (bits == 4) {
+        // lo is even (slices are multiples of 128 elements): output byte q holds e = 2q, 2q + 1.
+        for (qs_u64 q = lo / 2 + threadIdx.x; q < (hi + 1) / 2; q += blockDim.x) {
+            qs_u32 byte = 0;
+            for (qs_u64 h = 0; h < 2; ++h) {
+                const qs_u64 e = 2 * q + h;
+                if (e >= hi) break;
+                const qs_u64 off = first + e * step;
+                qs_u32 code = 0;
+                if (off < extent) {
+                    code = qs_load_code_rt(fmt, src, off);
+                } else {
+                    qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+                }
+                byte |= code << (4 * h);
+            }
+            dst[q] = (qs_u8)byte;
+        }
+        return;
+    }
+    for (qs_u64 e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+        const qs_u64 off = first + e * step;
+        qs_u32 code = 0;
+        if (off < extent) {
+            code = qs_load_code_rt(fmt, src, off);
+        } else {
+            qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+        }
+        if (bits == 8) {
+            dst[e] = (qs_u8)code;
+        } else if (bits == 16) {
+            ((qs_u16*)dst)[e] = (qs_u16)code;
+        } else {
+            ((qs_u32*)dst)[e] = code;
+        }
+    }
+}
+
+// Code of a device-pointer scalar, widened to 64 bits (the check reads it with the format).
+QS_DEVICE qs_u64 qs_snap_scalar(const QsScalar& s) {
+    if (!s.on_device || !s.ptr) return 0;
+    return qs_load_code_rt(s.format, (const qs_u8*)s.ptr, 0);
+}
+
+// The copy's status bits reach the header tagged with the launch: the check takes them only
+// when the tag matches the header's `take` (a buffer never needs zeroing, even one set up while
+// a stream captures).
+QS_DEVICE void qs_snap_merge_status(QsSnapHeader* hdr, qs_u64 tag, qs_u32 bits) {
+    qs_u64* w = (qs_u64*)&hdr->status;
+    qs_u64 old = qs_load_volatile_u64(w);
+    for (;;) {
+        const qs_u64 want = (tag << 32) | ((old >> 32) == tag ? (old & 0xFFFFFFFFull) : 0) | bits;
+        const qs_u64 seen = qs_atomic_cas_u64(w, old, want);
+        if (seen == old) return;
+        old = seen;
+    }
+}
+
+QS_DEVICE void qs_snap_body(const QsSnapParams& P, qs_u64 epoch, qs_u64 st) {
+    const QsGemmDesc& g = P.g;
+    const qs_u64 t = blockIdx.x;
+    qs_u64 row = 0;
+    if (t >= P.rows.count || !qs_rows_at(P.rows, epoch, t, &row, st)) return;
+    qs_u8* out = (qs_u8*)P.out_ptr;
+    if (blockIdx.y == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = row;
+    const qs_u64 item = row / g.m, i = row % g.m;
+    const unsigned c = blockIdx.y, C = gridDim.y;
+    qs_u64 lo, hi;
+    {
+        // op(A) row i.
+        const QsOpStrides os = qs_op_strides(g.a);
+        qs_slice(g.k, c, C, &lo, &hi);
+        qs_snap_row((const qs_u8*)g.a.ptr, item * g.a.batch_stride + i * os.rs, os.cs, g.a.extent, QsFmt<QS_A_FMT>::BITS,
+                    out + P.a.off + t * P.a.row_bytes, lo, hi, st);
+    }
+    // D row i, and C row i.
+    qs_slice(g.n, c, C, &lo, &hi);
+    {
+        const bool rowm = g.d.order == QS_ORDER_ROW;
+        qs_snap_row((const qs_u8*)g.d.ptr, item * g.d.batch_stride + (rowm ? i * g.d.ld : i), rowm ? 1 : g.d.ld,
+                    g.d.extent, QsFmt<QS_D_FMT>::BITS, out + P.d.off + t * P.d.row_bytes, lo, hi, st);
+    }
+    if (g.c.ptr) {
+        const bool rowm = g.c.order == QS_ORDER_ROW;
+        qs_snap_row((const qs_u8*)g.c.ptr, item * g.c.batch_stride + (rowm ? i * g.c.ld : i), rowm ? 1 : g.c.ld,
+                    g.c.extent, qs_fmt_bits(g.c.format), out + P.c.off + t * P.c.row_bytes, lo, hi, st);
+    }
+    if (c != 0) return;
+    if (g.a_scale.ptr) {
+        // A's scale entries of row i (any storage, swizzled included), packed outer-major.
+        const QsScaleLookup sc = qs_scale_lookup(g.a_scale);
+        const qs_u64 ob = qs_fastdiv(i, sc.bo);
+        const qs_u32 bits = qs_fmt_bits(g.a_scale.format);
+        qs_u8* dst = out + P.a_scale.off + t * P.a_scale.row_bytes;
+        for (qs_u64 ib = threadIdx.x; ib < g.a_scale.grid_inner; ib += blockDim.x) {
+            const qs_u32 code = qs_scale_code(sc, item * sc.batch_stride + qs_scale_entry_index(sc, ob, ib), st);
+            if (bits == 8) {
+                dst[ib] = (qs_u8)code;
+            } else if (bits == 16) {
+                ((qs_u16*)dst)[ib] = (qs_u16)code;
+            } else {
+                ((qs_u32*)dst)[ib] = code;
+            }
+        }
+    }
+    if (threadIdx.x == 0 && g.bias.ptr && g.bias.axis == QS_BIAS_ROWS) {
+        // Row bias entry i.
+        const qs_u32 bits = qs_fmt_bits(g.bias.format);
+        qs_u32 code = 0;
+        if (i < g.bias.extent) {
+            code = qs_load_code_rt(g.bias.format, (const qs_u8*)g.bias.ptr, i);
+        } else {
+            qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+        }
+        qs_u8* dst = out + P.bias_off;
+        if (bits == 8) {
+            dst[t] = (qs_u8)code;
+        } else if (bits == 16) {
+            ((qs_u16*)dst)[t] = (qs_u16)code;
+        } else {
+            ((qs_u32*)dst)[t] = code;
+        }
+    }
+}
+
+QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
+    QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
+    const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
+    __shared__ qs_u64 s_epoch, s_tag;
+    __shared__ qs_u32 s_status;  // this block's status bits (qs_flag works on shared addresses)
+    if (threadIdx.x == 0) {
+        // Launch number L from a counter every block bumps once: stream order makes the blocks
+        // of one launch see [L * blocks, (L + 1) * blocks). The gate counts every launch, the
+        // epoch counter only the sampled ones.
+        bool take = true;
+        qs_u64 tag = 0;
+        if (P.gate_ptr) {
+            tag = qs_atomic_add_u64((qs_u64*)P.gate_ptr, 1) / blocks;
+            take = tag < P.gate_first || (P.gate_every != 0 && (tag - P.gate_first) % P.gate_every == 0);
+        }
+        const qs_u64 epoch = take ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) / blocks : 0;
+        s_epoch = epoch;
+        s_tag = take ? ((P.gate_ptr ? tag : epoch) & 0x7FFFFFFFull) + 1 : 0;
+        s_status = 0;
+    }
+    __syncthreads();
+    const qs_u64 tag = s_tag;
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+        if (threadIdx.x == 0) {
+            hdr->take = tag;
+            hdr->epoch = s_epoch;
+        }
+        if (tag && threadIdx.x < 5) {
+            const QsScalar& sc = threadIdx.x == 0   ? P.g.alpha
+                                 : threadIdx.x == 1 ? P.g.a_tensor_scale
+                                 : threadIdx.x == 2 ? P.g.b_tensor_scale
+                                 : threadIdx.x == 3 ? P.g.beta
+                                                    : P.g.d_scale;
+            hdr->scalars[threadIdx.x] = qs_snap_scalar(sc);
+        }
+    }
+    if (!tag) return;
+    qs_snap_body(P, s_epoch, (qs_u64)&s_status);
+    __syncthreads();
+    if (threadIdx.x == 0 && s_status != 0) qs_snap_merge_status(hdr, tag, s_status);
 }

@@ -10,6 +10,7 @@
 use quantshadow_runtime::device::abi::{QsGemmDesc, QsMatrixDesc, QsRowSel};
 use quantshadow_runtime::device::cuda::CudaRuntime;
 use quantshadow_runtime::device::gpu::{CompareRequest, GpuChecker};
+use quantshadow_runtime::device::snapshot::SnapshotLayout;
 use quantshadow_runtime::device::{DeviceError, GpuRuntime, Stream};
 use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::problem::{GemmBuffers, GemmProblem, ScaleGranularity, ScaleSpec, Transpose};
@@ -158,7 +159,7 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
     for &probes in probe_counts.iter().filter(|_| want("sketch")) {
         // Sketch check per call (weight projection done once, outside the timing).
         emit(&mut report, &format!(
-            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | us per call |\n| --- | --- | --- | --- | --- |\n"
+            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | detached: copy on the caller's stream, us | detached: check over the copy, us |\n| --- | --- | --- | --- | --- | --- | --- |\n"
         ));
         for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
             for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
@@ -201,7 +202,61 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
                         time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
                             .map_err(|e| e.to_string())?;
                     while checker.ring.lock().unwrap().poll().is_some() {}
-                    emit(&mut report, &format!("| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} |\n", ms * 1e3));
+                    // Detached (QUANTSHADOW_SKETCH_DETACH, the shim's default): what the caller's
+                    // stream pays (the copy kernel) and the check over the copy, apart.
+                    let (copy_us, check_us) =
+                        match SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX) {
+                            Ok(layout) => {
+                                let snap = checker.alloc(layout.bytes as usize).map_err(|e| e.to_string())?;
+                                let counters = checker.alloc_zeroed(16).map_err(|e| e.to_string())?;
+                                let det_scratch = checker
+                                    .sketch_scratch(sample.count.min(m), k, n, probes, false)
+                                    .map_err(|e| e.to_string())?;
+                                let copy = checker
+                                    .prepare_snapshot(
+                                        (a, a, d),
+                                        weight.kp,
+                                        &layout,
+                                        layout.params(
+                                            &g,
+                                            QsRowSel::sample(&sample, 0, 0, false),
+                                            snap.ptr,
+                                            counters.ptr,
+                                        ),
+                                    )
+                                    .map_err(|e| e.to_string())?;
+                                let mut check = checker
+                                    .prepare_sketch_check(
+                                        &layout.packed_desc(&g, snap.ptr),
+                                        QsRowSel::all(sample.count),
+                                        &weight,
+                                        &det_scratch,
+                                        a,
+                                        d,
+                                        (1, 0),
+                                    )
+                                    .map_err(|e| e.to_string())?;
+                                check.params.packed_ptr = snap.ptr;
+                                let copy_ms = time_ms(rt.as_ref(), 50, 5, || {
+                                    checker.launch_prepared(&copy, Stream::default())
+                                })
+                                .map_err(|e| e.to_string())?;
+                                let check_ms = time_ms(rt.as_ref(), 50, 5, || {
+                                    checker.launch_prepared(&check, Stream::default())
+                                })
+                                .map_err(|e| e.to_string())?;
+                                while checker.ring.lock().unwrap().poll().is_some() {}
+                                (format!("{:.1}", copy_ms * 1e3), format!("{:.1}", check_ms * 1e3))
+                            }
+                            Err(e) => (format!("({e})"), "-".into()),
+                        };
+                    emit(
+                        &mut report,
+                        &format!(
+                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {copy_us} | {check_us} |\n",
+                            ms * 1e3
+                        ),
+                    );
                 }
             }
         }

@@ -284,6 +284,7 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
     out.extend(gpu_compare(checker));
     out.extend(gpu_compare_logits(checker));
     out.extend(gpu_sketch(checker, quick));
+    out.extend(gpu_sketch_detached(checker));
     out.extend(gpu_inject(checker));
     out
 }
@@ -1276,6 +1277,224 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome>
         Ok(outs)
     };
     run().unwrap_or_else(|e| vec![error_outcome("sketch", s.name, e)])
+}
+
+/// Detached checks (`QUANTSHADOW_SKETCH_DETACH`, `device::snapshot`): the copy kernel and the
+/// check over the copy must give what the check in place gives, for every layout the copy
+/// handles (4-bit rows, swizzled and K-major scales, column-major A, C with beta, row bias,
+/// device-pointer scalars, a batch sharing one weight, row samples rotating over epochs).
+fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
+    struct Variant {
+        name: &'static str,
+        scheme: &'static str,
+        m: u64,
+        n: u64,
+        k: u64,
+        tweak: fn(&mut GemmProblem),
+    }
+    fn none(_: &mut GemmProblem) {}
+    fn col_a_c_rowbias(p: &mut GemmProblem) {
+        p.trans_a = Transpose::T; // A stored K x M row-major: op(A) rows are strided
+        p.a = MatrixLayout::packed(p.a.format, Order::RowMajor, p.k, p.m);
+        p.c = Some(MatrixLayout::packed(Format::Bf16, Order::ColMajor, p.m, p.n));
+        p.beta = Scalar::Host(0.5);
+        p.epilogue.bias = Some(Bias { format: Format::Bf16, axis: BiasAxis::Rows });
+    }
+    fn batch_shared_b(p: &mut GemmProblem) {
+        p.batch = 3;
+        p.a.batch_stride = p.m * p.k;
+        p.d.batch_stride = p.m * p.n;
+        p.b.batch_stride = 0;
+    }
+    fn device_alpha(p: &mut GemmProblem) {
+        p.alpha = Scalar::Device { ptr: 0, format: Format::F32 };
+    }
+    let variants = [
+        Variant {
+            name: "fp8 row-wise, 300 rows (256 sampled)",
+            scheme: "fp8-rowwise",
+            m: 300,
+            n: 1024,
+            k: 512,
+            tweak: none,
+        },
+        Variant {
+            name: "mxfp4, 57 rows, swizzled scales",
+            scheme: "mxfp4",
+            m: 57,
+            n: 512,
+            k: 512,
+            tweak: none,
+        },
+        Variant { name: "nvfp4, 129 rows", scheme: "nvfp4", m: 129, n: 256, k: 256, tweak: none },
+        Variant {
+            name: "fp8 block 128 (K-major A scales), 4097 rows",
+            scheme: "fp8-block128",
+            m: 4097,
+            n: 256,
+            k: 512,
+            tweak: none,
+        },
+        Variant { name: "w4a16 int4, 7 rows", scheme: "w4a16-int4", m: 7, n: 4096, k: 256, tweak: none },
+        Variant {
+            name: "bf16 op(A) strided, C col-major, beta, row bias",
+            scheme: "bf16",
+            m: 55,
+            n: 200,
+            k: 136,
+            tweak: col_a_c_rowbias,
+        },
+        Variant {
+            name: "bf16 batch 3 sharing B, device alpha",
+            scheme: "bf16",
+            m: 100,
+            n: 384,
+            k: 256,
+            tweak: batch_shared_b,
+        },
+        Variant {
+            name: "f16 device alpha, 1 row",
+            scheme: "f16",
+            m: 1,
+            n: 4097,
+            k: 4096,
+            tweak: device_alpha,
+        },
+    ];
+    variants
+        .iter()
+        .map(|v| {
+            let case = format!("detached = in place: {}", v.name);
+            detached_case(checker, v.scheme, v.m, v.n, v.k, v.tweak)
+                .map(|(pass, detail)| outcome("sketch detached", case.clone(), pass, detail))
+                .unwrap_or_else(|e| error_outcome("sketch detached", case, e))
+        })
+        .collect()
+}
+
+fn detached_case(
+    checker: &GpuChecker,
+    scheme: &str,
+    m: u64,
+    n: u64,
+    k: u64,
+    tweak: fn(&mut GemmProblem),
+) -> Result<(bool, String), String> {
+    use quantshadow_runtime::device::snapshot::SnapshotLayout;
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    let mut problem = scheme_problem(scheme, m, n, k);
+    tweak(&mut problem);
+    let mut inputs = random_inputs(&problem, 0xde7a + m).map_err(|e| es(&e))?;
+    let problem = with_tensor_scales(problem, &inputs);
+    // D: the reference with a little noise (never zeros: the check must see real rows).
+    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
+        .map_err(|e| es(&e))?;
+    let mut rng = SplitMix64::new(5);
+    let elems = problem.d.required_elements(problem.m, problem.n, problem.batch) as usize;
+    let mut d = vec![0u8; problem.d.format.bytes_for(elems)];
+    for (idx, v) in reference.values.iter().enumerate() {
+        let f = problem.d.format;
+        f.store_code(&mut d, idx, f.encode(v * (1.0 + 0.01 * rng.normal())));
+    }
+    let alpha_buf = checker.upload(&1.25f32.to_le_bytes()).map_err(|e| es(&e))?;
+    let (_keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
+    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
+    bufs.d = d_buf.ptr;
+    let mut g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
+    if g.alpha.on_device != 0 {
+        g.alpha.ptr = alpha_buf.ptr;
+    }
+    let (seed, probes) = (0x5eed_d7, 32);
+    let (fa, fd) = (problem.a.format, problem.d.format);
+    let weight = checker.sketch_weight(&g, fa, fd, seed, probes).map_err(|e| es(&e))?;
+    let sample = sketch::RowSample::new(seed, g.total_rows(), 256);
+    let layout =
+        SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
+    let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
+    let counters = checker.alloc_zeroed(16).map_err(|e| es(&e))?;
+    let epoch_buf = checker.alloc_zeroed(8).map_err(|e| es(&e))?;
+    let in_place = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+    let detached = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+    let st = Stream::default();
+    let epochs = sample.epochs_to_cover().clamp(1, 3);
+    let mut worst = 0.0f64;
+    let mut mismatches = Vec::new();
+    for e in 0..epochs {
+        checker
+            .sketch_check(
+                &g,
+                QsRowSel::sample(&sample, epoch_buf.ptr, 0, true),
+                &weight,
+                &in_place,
+                fa,
+                fd,
+                (1, e),
+                st,
+            )
+            .map_err(|e| es(&e))?;
+        let b = quantshadow_runtime::formats::Format::from_u8(g.b.format as u8).ok_or("b format")?;
+        let copy = checker
+            .prepare_snapshot(
+                (fa, b, fd),
+                weight.kp,
+                &layout,
+                layout.params(&g, QsRowSel::sample(&sample, 0, 0, false), snap.ptr, counters.ptr),
+            )
+            .map_err(|e| es(&e))?;
+        checker.launch_prepared(&copy, st).map_err(|e| es(&e))?;
+        let mut check = checker
+            .prepare_sketch_check(
+                &layout.packed_desc(&g, snap.ptr),
+                QsRowSel::all(sample.count),
+                &weight,
+                &detached,
+                fa,
+                fd,
+                (2, e),
+            )
+            .map_err(|e| es(&e))?;
+        check.params.packed_ptr = snap.ptr;
+        checker.launch_prepared(&check, st).map_err(|e| es(&e))?;
+        checker.runtime().synchronize(st).map_err(|e| es(&e))?;
+        let mut ring = checker.ring.lock().unwrap();
+        let a = ring.poll().ok_or("no in-place result")?;
+        let b = ring.poll().ok_or("no detached result")?;
+        drop(ring);
+        let (a, b) = if a.tag == 1 { (a, b) } else { (b, a) };
+        let sums = [
+            (a.dot, b.dot),
+            (a.prod_sq, b.prod_sq),
+            (a.ref_sq, b.ref_sq),
+            (a.diff_sq, b.diff_sq),
+            (a.worst_cosine, b.worst_cosine),
+        ];
+        for (x, y) in sums.into_iter().chain(a.sketch_prod.iter().copied().zip(b.sketch_prod)) {
+            worst = worst.max(rel(x, y));
+        }
+        let same = (a.finite, a.pairs, a.nan_prod, a.nan_ref, a.worst_row, a.epoch, a.rows_checked, a.status)
+            == (b.finite, b.pairs, b.nan_prod, b.nan_ref, b.worst_row, b.epoch, b.rows_checked, b.status);
+        if !same {
+            mismatches.push(format!(
+                "epoch {e}: in place (finite {}, worst row {}, epoch {}, rows {}, status {:#x}) detached ({}, {}, {}, {}, {:#x})",
+                a.finite, a.worst_row, a.epoch, a.rows_checked, a.status, b.finite, b.worst_row, b.epoch, b.rows_checked, b.status
+            ));
+        }
+        if a.pairs == 0 || a.prod_sq == 0.0 {
+            mismatches.push(format!("epoch {e}: the in-place check saw nothing"));
+        }
+    }
+    let _ = &mut inputs;
+    let pass = mismatches.is_empty() && worst <= 1e-9;
+    Ok((
+        pass,
+        format!(
+            "{epochs} epochs of {} rows, snapshot {} KiB, grid {:?}: sums agree to {worst:.1e} relative{}",
+            sample.count,
+            layout.bytes >> 10,
+            layout.launch.grid,
+            if mismatches.is_empty() { String::new() } else { format!("; {}", mismatches.join("; ")) }
+        ),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -63,6 +63,38 @@ for step in $steps; do
       done
     done
     ;;
+  gemm)
+    # Per-shape GEMM time (tests/gpu/overhead_gemm.py; GEMM_ARGS, e.g. --quick, goes to it),
+    # two interleaved rounds: plain, sketch check on the production stream (DETACH=off), and
+    # only a snapshot there with the check off it (DETACH=on). Then one recorded run of each shim
+    # configuration (records counted in summary.txt) and the table (gemm_table.md).
+    for round in 1 2; do
+      for cfg in plain detach_off detach_on; do
+        f="$OUT/gemm_${cfg}_r$round"
+        if [ $cfg = plain ]; then
+          python3 tests/gpu/overhead_gemm.py ${GEMM_ARGS:-} >"$f.out" 2>"$f.log"
+        else
+          QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all QUANTSHADOW_SKETCH_DETACH=${cfg#detach_} \
+            LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
+            python3 tests/gpu/overhead_gemm.py ${GEMM_ARGS:-} >"$f.out" 2>"$f.log"
+        fi
+        rc=$?
+        grep "^{" "$f.out" >"$f.jsonl"
+        echo "gemm round $round $cfg: exit $rc, $(wc -l <"$f.jsonl") cases"
+      done
+    done
+    for cfg in detach_off detach_on; do
+      d="$OUT/gemm_run_$cfg"
+      rm -rf "$d" && mkdir -p "$d" # quantshadow run never overwrites a run.qsr
+      QUANTSHADOW_SAMPLE=all QUANTSHADOW_SKETCH_DETACH=${cfg#detach_} \
+        quantshadow run --mode sketch --label "gemm-$cfg" --out "$d" -- \
+        python3 tests/gpu/overhead_gemm.py ${GEMM_ARGS:-} >"$d/run.log" 2>&1
+      echo "gemm run $cfg: run exit $?"
+      quantshadow dump --summary "$d/run.qsr" >"$d/summary.txt" 2>&1 || true
+      cat "$d/summary.txt"
+    done
+    python3 tests/gpu/overhead_table.py "$OUT" | tee "$OUT/gemm_table.md"
+    ;;
   gate)
     # Sampling first:1,1/5 inside a CUDA graph: decided on the device at every replay. The
     # 3 captured layers (1x1024x1024) get 2 eager checks (calls 0, 1) + replays 0, 1, 6, 11, 16.

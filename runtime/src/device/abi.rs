@@ -386,6 +386,48 @@ pub struct QsSketchParams {
     /// The weight's samples (QsWprojParams::snapshot_ptr): a changed B flags
     /// `status::WEIGHT_CHANGED` instead of being judged against a stale projection. 0 = none.
     pub snapshot_ptr: u64,
+    /// Detached check: the [`QsSnapHeader`] of the snapshot `g` describes; 0 = `g` is the call.
+    pub packed_ptr: u64,
+}
+
+/// Head of a detached check's snapshot buffer (qs_abi.h), followed by u64 rows[count].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSnapHeader {
+    /// 0: the launch was not sampled; else its launch tag.
+    pub take: u64,
+    pub epoch: u64,
+    /// Codes of the device-pointer scalars: alpha, a_ts, b_ts, beta, d_scale.
+    pub scalars: [u64; 5],
+    /// (tag << 32) | status bits of the copy.
+    pub status: u64,
+}
+
+/// A packed row region of a snapshot: row t at `off + t * row_bytes`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QsSnapRegion {
+    pub off: u64,
+    pub row_bytes: u64,
+}
+
+/// `qs_sketch_snap_{a}_{d}`: grid (count, chunks).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSnapParams {
+    pub g: QsGemmDesc,
+    pub rows: QsRowSel,
+    pub out_ptr: u64,
+    pub a: QsSnapRegion,
+    pub a_scale: QsSnapRegion,
+    pub c: QsSnapRegion,
+    pub d: QsSnapRegion,
+    pub bias_off: u64,
+    /// u64 launch counters, zero at set-up and never reset.
+    pub epoch_counter_ptr: u64,
+    pub gate_ptr: u64,
+    pub gate_first: u32,
+    pub gate_every: u32,
 }
 
 #[repr(C)]
@@ -538,7 +580,9 @@ const _: () = {
     assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
     assert!(size_of::<QsWprojParams>() == 176);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
-    assert!(size_of::<QsSketchParams>() == 760);
+    assert!(size_of::<QsSketchParams>() == 768);
+    assert!(size_of::<QsSnapHeader>() == 64);
+    assert!(size_of::<QsSnapParams>() == 688);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
     assert!(size_of::<QsCompareParams>() == 256);
@@ -592,6 +636,9 @@ plain_data!(
     QsPrepParams,
     QsWprojParams,
     QsSketchParams,
+    QsSnapHeader,
+    QsSnapRegion,
+    QsSnapParams,
     QsCompareParams,
     QsSelftestParams,
     QsSums,
@@ -939,7 +986,7 @@ pub struct LaunchConfig {
 }
 
 impl LaunchConfig {
-    fn new(grid: [u64; 3], block: u32) -> Result<LaunchConfig, AbiError> {
+    pub(crate) fn new(grid: [u64; 3], block: u32) -> Result<LaunchConfig, AbiError> {
         let g = |what, v: u64, limit: u64| {
             if v == 0 || v > limit {
                 Err(AbiError::TooLarge { what, value: v, limit })
@@ -1147,6 +1194,8 @@ pub enum ParamKind {
     Prep,
     Wproj,
     Sketch,
+    /// [`QsSnapParams`] (`qs_sketch_snap_{a}_{d}`, the detached check's snapshot).
+    Snap,
     Compare,
     Selftest,
     /// [`QsInjectParams`].
@@ -1202,7 +1251,7 @@ impl KernelBuild {
     }
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
-    /// `qs_sketch_check_{a}_{d}`.
+    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         Ok(KernelBuild {
@@ -1218,6 +1267,10 @@ impl KernelBuild {
                 KernelEntry {
                     name: format!("qs_sketch_check_{}_{}", a.name(), d.name()),
                     params: ParamKind::Sketch,
+                },
+                KernelEntry {
+                    name: format!("qs_sketch_snap_{}_{}", a.name(), d.name()),
+                    params: ParamKind::Snap,
                 },
             ],
         })
@@ -1401,7 +1454,15 @@ mod tests {
     fn registry_names_and_options() {
         let b = KernelBuild::sketch(Format::E4m3fn, Format::E4m3fn, Format::Bf16).unwrap();
         let names: Vec<&str> = b.entries.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["qs_sketch_prep", "qs_sketch_wproj_e4m3fn", "qs_sketch_check_e4m3fn_bf16"]);
+        assert_eq!(
+            names,
+            [
+                "qs_sketch_prep",
+                "qs_sketch_wproj_e4m3fn",
+                "qs_sketch_check_e4m3fn_bf16",
+                "qs_sketch_snap_e4m3fn_bf16"
+            ]
+        );
         let o = b.nvrtc_options("compute_90");
         assert!(
             o.contains(&"-DQS_D_FMT=2".to_string())

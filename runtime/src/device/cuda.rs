@@ -7,7 +7,8 @@
 //! cudarc's panic path. NVRTC is checked the same way, lazily, at the first compile.
 
 use super::{
-    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, MappedHost, Module, Stream, Vendor,
+    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, GraphNode, MappedHost, Module, Stream,
+    Vendor,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nvrtc;
@@ -95,6 +96,9 @@ pub struct CudaRuntime {
     /// cuEventElapsedTime_v2 (CUDA >= 12.8; the only one in CUDA 13 headers) is present.
     /// Only timing (benchmarks) needs it, so its absence is an error there, not at load.
     elapsed_v2: bool,
+    /// cuStreamGetCaptureInfo_v3 and cuGraphAddKernelNode_v2 (CUDA >= 12.3): detached checks
+    /// inside graph captures. Without them captured checks stay on the captured stream.
+    graph_branches: bool,
     nvrtc: OnceLock<Result<(), DeviceError>>,
 }
 
@@ -153,7 +157,44 @@ impl CudaRuntime {
             }
         }
         let elapsed_v2 = symbol_present(Lib::Driver, "cuEventElapsedTime_v2");
-        Ok(CudaRuntime { elapsed_v2, nvrtc: OnceLock::new() })
+        let graph_branches = symbol_present(Lib::Driver, "cuStreamGetCaptureInfo_v3")
+            && symbol_present(Lib::Driver, "cuGraphAddKernelNode_v2");
+        Ok(CudaRuntime { elapsed_v2, graph_branches, nvrtc: OnceLock::new() })
+    }
+
+    /// (capture id, graph, the stream's current dependencies) of an active capture on `s`.
+    fn capture_info(
+        &self,
+        s: Stream,
+    ) -> Result<Option<(u64, cu::CUgraph, Vec<cu::CUgraphNode>)>, DeviceError> {
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: cu::cuuint64_t = 0;
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        let mut deps: *const cu::CUgraphNode = std::ptr::null();
+        let mut edges: *const cu::CUgraphEdgeData = std::ptr::null();
+        let mut n: usize = 0;
+        // SAFETY: graph_branches implies the symbol exists; out-pointers are valid locals.
+        check("cuStreamGetCaptureInfo_v3", unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                stream(s),
+                &mut status,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                &mut edges,
+                &mut n,
+            )
+        })?;
+        if status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            return Ok(None);
+        }
+        let list = if deps.is_null() || n == 0 {
+            vec![]
+        } else {
+            // SAFETY: the driver returns `n` nodes at `deps`, valid until the next call on `s`.
+            unsafe { std::slice::from_raw_parts(deps, n) }.to_vec()
+        };
+        Ok(Some((id as u64, graph, list)))
     }
 
     /// For our own processes only (selftest, benchmarks): initialise the driver and make the
@@ -465,6 +506,56 @@ impl GpuRuntime for CudaRuntime {
         // SAFETY: out-pointer is a valid local.
         check("cuStreamIsCapturing", unsafe { cu::cuStreamIsCapturing(stream(s), &mut status) })?;
         Ok(status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    fn capture_id(&self, s: Stream) -> Result<Option<u64>, DeviceError> {
+        if !self.graph_branches {
+            return Ok(None);
+        }
+        Ok(self.capture_info(s)?.map(|(id, _, _)| id))
+    }
+
+    unsafe fn launch_graph_branch(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        s: Stream,
+        params: &mut [*mut c_void],
+        after: Option<GraphNode>,
+    ) -> Result<GraphNode, DeviceError> {
+        let Some((_, graph, mut deps)) = (if self.graph_branches { self.capture_info(s)? } else { None })
+        else {
+            return Err(DeviceError::Unsupported(
+                "no capture in progress (or no cuGraphAddKernelNode_v2)".into(),
+            ));
+        };
+        if let Some(a) = after {
+            deps.push(a.0 as cu::CUgraphNode);
+        }
+        let node_params = cu::CUDA_KERNEL_NODE_PARAMS {
+            func: function.0 as cu::CUfunction,
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: block[0],
+            blockDimY: block[1],
+            blockDimZ: block[2],
+            sharedMemBytes: shared_bytes,
+            kernelParams: params.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        };
+        let mut node: cu::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: load() found the symbol; graph and dependencies come from the capture in
+        // progress (valid until it ends, which cannot happen during this call on the capturing
+        // thread); the caller guarantees params match the kernel, and the driver copies them.
+        check("cuGraphAddKernelNode_v2", unsafe {
+            cu::cuGraphAddKernelNode_v2(&mut node, graph, deps.as_ptr(), deps.len(), &node_params)
+        })?;
+        Ok(GraphNode(node as u64))
     }
 
     fn synchronize(&self, s: Stream) -> Result<(), DeviceError> {

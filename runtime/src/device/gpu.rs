@@ -313,6 +313,45 @@ impl GpuChecker {
         }
     }
 
+    /// The same prepared launch as a graph branch of the capture in progress on `stream`
+    /// (see [`GpuRuntime::launch_graph_branch`]), after `after` as well.
+    pub fn launch_prepared_branch<P: KernelParams>(
+        &self,
+        prepared: &PreparedLaunch<P>,
+        stream: Stream,
+        after: Option<super::GraphNode>,
+    ) -> Result<super::GraphNode, DeviceError> {
+        let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
+        let c = &prepared.config;
+        // SAFETY: the function was resolved for exactly this parameter type when prepared; the
+        // driver copies the parameter values into the node.
+        unsafe {
+            self.runtime.launch_graph_branch(
+                prepared.function,
+                c.grid,
+                c.block,
+                c.shared_bytes,
+                stream,
+                &mut param_ptrs,
+                after,
+            )
+        }
+    }
+
+    /// The copy kernel of a detached sketch check (`qs_sketch_snap_{a}_{d}`), in the same
+    /// program as the check (`sketch_kp(a, b, d, kp)`).
+    pub fn prepare_snapshot(
+        &self,
+        formats: (Format, Format, Format),
+        kp: u32,
+        layout: &super::snapshot::SnapshotLayout,
+        params: abi::QsSnapParams,
+    ) -> Result<PreparedLaunch<abi::QsSnapParams>, DeviceError> {
+        let (a, b, d) = formats;
+        let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(abi_err)?;
+        self.prepare(&build, &format!("qs_sketch_snap_{}_{}", a.name(), d.name()), layout.launch, params)
+    }
+
     fn prepare<P: KernelParams>(
         &self,
         build: &KernelBuild,
@@ -622,6 +661,7 @@ impl GpuChecker {
             gate_first: 0,
             gate_every: 0,
             snapshot_ptr: weight.snapshot.ptr,
+            packed_ptr: 0,
         }
     }
 

@@ -20,6 +20,7 @@ pub mod gpu;
 pub mod hip;
 pub mod pool;
 pub mod registry;
+pub mod snapshot;
 
 /// Which vendor runtime a device belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,6 +48,10 @@ pub struct Function(pub u64);
 /// An event for timing and ordering (CUevent / hipEvent_t).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event(pub u64);
+
+/// A node of a graph being captured (CUgraphNode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphNode(pub u64);
 
 /// What the reference side needs to know about the caller's current device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +175,36 @@ pub trait GpuRuntime: Send + Sync {
     ) -> Result<(), DeviceError>;
 
     fn is_capturing(&self, stream: Stream) -> Result<bool, DeviceError>;
+
+    /// Id of the capture in progress on `stream` (None: not capturing, or the runtime cannot
+    /// add graph branches, see [`GpuRuntime::launch_graph_branch`]).
+    fn capture_id(&self, stream: Stream) -> Result<Option<u64>, DeviceError> {
+        let _ = stream;
+        Ok(None)
+    }
+
+    /// Adds a kernel node to the graph `stream` is capturing into, after the stream's current
+    /// capture dependencies (the work just captured) and `after`, without making later captured
+    /// work depend on it: a branch that runs at every replay and that nothing waits for but the
+    /// end of the graph. (Legal while capturing: only node removal and graph destruction are
+    /// not.) Runtimes without it return `Unsupported`.
+    ///
+    /// # Safety
+    /// As [`GpuRuntime::launch`]; the parameter values are copied into the node.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_graph_branch(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: Stream,
+        params: &mut [*mut c_void],
+        after: Option<GraphNode>,
+    ) -> Result<GraphNode, DeviceError> {
+        let _ = (function, grid, block, shared_bytes, stream, params, after);
+        Err(DeviceError::Unsupported("graph branches are not implemented for this runtime".into()))
+    }
     /// Sets this thread's stream-capture interaction mode (CUDA: 0 global, 1 thread-local,
     /// 2 relaxed) and returns the previous one. Set-up work (allocations, synchronous copies,
     /// module loads) runs relaxed so that it never invalidates a capture another thread runs

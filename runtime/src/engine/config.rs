@@ -155,6 +155,10 @@ pub struct Config {
     /// `QUANTSHADOW_COMPILE=sync`: the first call needing a kernel waits for its compile
     /// (offline validation); default `async`: such calls are skipped until it is ready.
     pub sync_compile: bool,
+    /// `QUANTSHADOW_SKETCH_DETACH=on` (default): GPU sketch checks copy the sampled rows on the
+    /// caller's stream and run off it (side stream, or a graph branch nothing waits for);
+    /// `off`: the whole check runs on the caller's stream right after the call.
+    pub sketch_detach: bool,
     /// `QUANTSHADOW_INJECT`: faults planted on purpose (testing the detector).
     pub inject: Option<Arc<InjectPlan>>,
     /// `QUANTSHADOW_POLICY`: backend rules (and the file's text) recorded with the session for
@@ -264,6 +268,17 @@ impl Config {
                 }
             },
         };
+        let sketch_detach = match parsed("QUANTSHADOW_SKETCH_DETACH") {
+            None => true,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => {
+                    bad.push(format!("QUANTSHADOW_SKETCH_DETACH={v:?} is not on or off; using on"));
+                    true
+                }
+            },
+        };
         let inject = match get(crate::inject::ENV_VAR) {
             None => None,
             Some(v) => match InjectPlan::from_spec_str(&v) {
@@ -323,6 +338,7 @@ impl Config {
             pool_bytes: pool_mib << 20,
             names,
             sync_compile,
+            sketch_detach,
             inject,
             policy,
             thresholds: Arc::new(thresholds),
@@ -341,6 +357,7 @@ impl Config {
             ("rows".into(), self.check_rows.to_string()),
             ("seed".into(), self.seed.to_string()),
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
+            ("sketch_detach".into(), if self.sketch_detach { "on" } else { "off" }.into()),
             ("diagnose".into(), self.diagnose.name().into()),
             ("inject".into(), self.inject.as_ref().map_or("none".into(), |p| p.spec_string())),
         ]
@@ -394,15 +411,21 @@ mod tests {
             ("QUANTSHADOW_LOG", "loud"),
             ("QUANTSHADOW_PROBES", "64"),
             ("QUANTSHADOW_DEVICE", "tpu"),
+            ("QUANTSHADOW_SKETCH_DETACH", "sometimes"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
+        assert!(c.sketch_detach, "an invalid value keeps the default");
         assert_eq!(c.sampling, Sampling { first: 0, every: 100 });
         assert!(c.collector.is_none());
         assert_eq!(c.log, LogLevel::Warn);
         assert_eq!(c.probes, DEFAULT_PROBES);
         assert_eq!(c.device, DeviceChoice::Auto);
-        assert_eq!(c.warnings.len(), 6, "{:?}", c.warnings);
+        assert_eq!(c.warnings.len(), 7, "{:?}", c.warnings);
         assert!(c.warnings.iter().any(|w| w.contains("QUANTSHADOW_MODE=\"fast\"")));
+        assert!(c
+            .warnings
+            .iter()
+            .any(|w| w.contains("QUANTSHADOW_SKETCH_DETACH=\"sometimes\" is not on or off")));
     }
 
     #[test]
@@ -413,8 +436,10 @@ mod tests {
             ("QUANTSHADOW_COLLECTOR", "unix:/tmp/x.sock"),
             ("QUANTSHADOW_LABEL", "fp8-rowwise"),
             ("QUANTSHADOW_DEVICE", "host"),
+            ("QUANTSHADOW_SKETCH_DETACH", "off"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Rows));
+        assert!(!c.sketch_detach);
         assert_eq!(c.collector, Some(Address::Unix("/tmp/x.sock".into())));
         assert_eq!(c.label, "fp8-rowwise");
         assert_eq!(c.device, DeviceChoice::Host);

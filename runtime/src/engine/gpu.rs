@@ -38,6 +38,8 @@ pub struct GpuSettings {
     pub ring_capacity: u32,
     /// Compile missing kernels in the calling thread (blocking it) instead of in the background.
     pub sync_compile: bool,
+    /// Detached sketch checks (`QUANTSHADOW_SKETCH_DETACH`, see [`DetachedState`]).
+    pub sketch_detach: bool,
 }
 
 /// Whether a GPU runtime library is mapped into this process.
@@ -110,6 +112,8 @@ struct SiteGpu {
     rows_state: HashMap<(u64, bool), RowsState>,
     /// Copies of C taken before calls that accumulate into it in place, per size.
     c_copies: HashMap<usize, DeviceBuffer>,
+    /// Detached sketch checks per sampled-row count (None: such calls cannot be detached).
+    detached: HashMap<u64, Option<DetachedState>>,
     /// Weight changes the device reported for this site that the weight was re-projected for.
     weight_changes_seen: u32,
     /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
@@ -125,6 +129,55 @@ struct RowsState {
     /// the side stream).
     side: Option<SideCheck>,
 }
+
+/// Detached sketch checks of one site and sampled-row count (`device::snapshot`): the copy
+/// kernel runs on the caller's stream right after the call, the check reads only the copy.
+/// - Eager calls: the check runs on the side stream after an event; two snapshot buffers
+///   alternate, and a call finding both still in use by running checks is skipped (counted),
+///   never waited for.
+/// - Captured calls (CUDA): the check is a graph branch after the copy node that no later
+///   node depends on, so replays do not wait for it (only the graph's end does). Each captured
+///   call of the site within one capture gets its own snapshot buffer (buffers are reused by
+///   later captures: graphs launched on one stream run one after the other), and the branches
+///   of one capture are chained, since they share the scratch.
+/// Eager and captured checks have separate scratch (a side-stream check may still run when a
+/// replay starts); both share the copy kernel's launch counters (row epoch, device gate).
+struct DetachedState {
+    layout: crate::device::snapshot::SnapshotLayout,
+    /// u64 [epoch counter, gate counter] of the copy kernel, zero at set-up.
+    counters: DeviceBuffer,
+    eager_scratch: SketchScratch,
+    eager: Vec<EagerSnapshot>,
+    graph_scratch: SketchScratch,
+    graph_buffers: Vec<DeviceBuffer>,
+    /// Capture id the graph buffers are being handed out for, how many so far, and the last
+    /// branch added to it.
+    graph_capture: u64,
+    graph_used: usize,
+    graph_last: Option<crate::device::GraphNode>,
+}
+
+struct EagerSnapshot {
+    buffer: DeviceBuffer,
+    /// Recorded on the caller's stream after the copy; the side stream waits for it.
+    copied: Event,
+    /// Recorded on the side stream after the check.
+    done: Event,
+    pending: bool,
+}
+
+/// What [`GpuBackend::sketch_detached`] did with a call.
+enum Detach {
+    Done,
+    Skip(Skip),
+    OnStream,
+}
+
+/// Snapshot buffers of one size (device bytes) at most: a call needing more is checked on its
+/// own stream as before (LM heads at M >= 256: 65 MB of D rows).
+const SNAPSHOT_MAX_BYTES: u64 = 32 << 20;
+/// Eager snapshot buffers per (site, row count).
+const EAGER_SNAPSHOTS: usize = 2;
 
 struct SideCheck {
     /// Copies of A, D, A's scales and C, each with its size (reallocated when a call needs more).
@@ -162,6 +215,10 @@ pub struct GpuBackend {
     inject: Mutex<gpu_inject::InjectState>,
     /// Diagnosis passes running.
     diagnoses: gpu_diagnose::Diagnoses,
+    sketch_detach: bool,
+    /// Pool bytes held by snapshot buffers of captured checks (bounded: a quarter of the pool).
+    graph_snapshot_bytes: std::sync::atomic::AtomicU64,
+    pool_bytes: u64,
 }
 
 /// Why a program cannot be used yet.
@@ -237,6 +294,9 @@ impl GpuBackend {
             side_stream,
             inject: Mutex::new(gpu_inject::InjectState::default()),
             diagnoses: gpu_diagnose::Diagnoses::default(),
+            sketch_detach: s.sketch_detach,
+            graph_snapshot_bytes: std::sync::atomic::AtomicU64::new(0),
+            pool_bytes: s.pool_bytes as u64,
         })
     }
 
@@ -316,6 +376,7 @@ impl GpuBackend {
                     sketch_scratch: HashMap::new(),
                     epoch,
                     rows_state: HashMap::new(),
+                    detached: HashMap::new(),
                     c_copies: HashMap::new(),
                     weight_changes_seen: 0,
                     c_saved: None,
@@ -391,6 +452,14 @@ impl GpuBackend {
             site.weight = Some(w);
             site.weight_ptr = req.call.buffers.b;
         }
+        if self.sketch_detach && !self.weights_rewritten(req.site_id) {
+            let weight = site.weight.as_ref().expect("set above");
+            match self.sketch_detached(req, g, &sample, weight, &mut site.detached, stream, capturing) {
+                Detach::Done => return Ok(()),
+                Detach::Skip(s) => return Err(s),
+                Detach::OnStream => {}
+            }
+        }
         let key = sample.count;
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_scratch.contains_key(&key) {
@@ -418,6 +487,212 @@ impl GpuBackend {
         self.checker
             .launch_prepared(&prepared, stream)
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))
+    }
+
+    /// A detached sketch check (see [`DetachedState`]), or `OnStream` when this call cannot
+    /// have one (no side stream, a capture on a runtime without graph branches, a batched B, a
+    /// snapshot too large, snapshot memory used up) and is checked on its stream as before.
+    #[allow(clippy::too_many_arguments)]
+    fn sketch_detached(
+        &self,
+        req: &CheckRequest,
+        g: &QsGemmDesc,
+        sample: &RowSample,
+        weight: &SketchWeight,
+        detached: &mut HashMap<u64, Option<DetachedState>>,
+        stream: Stream,
+        capturing: bool,
+    ) -> Detach {
+        let capture = if capturing {
+            match self.runtime.capture_id(stream) {
+                Ok(Some(id)) => Some(id),
+                Ok(None) => return Detach::OnStream,
+                Err(e) => return Detach::Skip(Skip::new(format!("capture info: {}", short(&e.to_string())))),
+            }
+        } else {
+            None
+        };
+        let Some(side) = self.side_stream else { return Detach::OnStream };
+        let p = &req.call.problem;
+        let formats = (p.a.format, p.b.format, p.d.format);
+        if !detached.contains_key(&sample.count) {
+            if capturing {
+                // Set-up allocates zeroed scratch and events: only outside a capture.
+                return Detach::OnStream;
+            }
+            match self.detached_setup(g, sample.count, req.sketch.probes) {
+                Ok(state) => {
+                    detached.insert(sample.count, state);
+                }
+                Err(s) => return Detach::Skip(s),
+            }
+        }
+        let Some(st) = detached.get_mut(&sample.count).expect("inserted above") else {
+            return Detach::OnStream;
+        };
+        let rows = QsRowSel::sample(sample, 0, 0, false);
+        let tag = (req.site_id, req.call_seq);
+        let launch_err = |what: &str, e: crate::device::DeviceError| {
+            Detach::Skip(Skip::new(format!("detached sketch {what}: {}", short(&e.to_string()))))
+        };
+        match capture {
+            None => {
+                // Eager: a free snapshot buffer, the copy here, the check on the side stream.
+                let mut free = None;
+                for (i, snap) in st.eager.iter_mut().enumerate() {
+                    if !snap.pending || self.runtime.event_done(snap.done).unwrap_or(false) {
+                        snap.pending = false;
+                        free = Some(i);
+                        break;
+                    }
+                }
+                let Some(i) = free else {
+                    return Detach::Skip(Skip::new(
+                        "sketch: the site's previous detached checks are still running",
+                    ));
+                };
+                let snap = &mut st.eager[i];
+                let base = snap.buffer.ptr;
+                let copy = st.layout.params(g, rows, base, st.counters.ptr);
+                let packed = st.layout.packed_desc(g, base);
+                let copy = match self.checker.prepare_snapshot(formats, weight.kp, &st.layout, copy) {
+                    Ok(c) => c,
+                    Err(e) => return launch_err("copy", e),
+                };
+                let mut check = match self.checker.prepare_sketch_check(
+                    &packed,
+                    QsRowSel::all(sample.count),
+                    weight,
+                    &st.eager_scratch,
+                    formats.0,
+                    formats.2,
+                    tag,
+                ) {
+                    Ok(c) => c,
+                    Err(e) => return launch_err("check", e),
+                };
+                check.params.packed_ptr = base;
+                if let Err(e) = self.checker.launch_prepared(&copy, stream) {
+                    return launch_err("copy launch", e);
+                }
+                // From here the copy is enqueued: a failure leaves a copy nobody reads.
+                let rt = &self.runtime;
+                let r = rt
+                    .record_event(snap.copied, stream)
+                    .and_then(|()| rt.wait_event(side, snap.copied))
+                    .and_then(|()| self.checker.launch_prepared(&check, side))
+                    .and_then(|()| rt.record_event(snap.done, side));
+                match r {
+                    Ok(()) => {
+                        snap.pending = true;
+                        Detach::Done
+                    }
+                    Err(e) => launch_err("side stream", e),
+                }
+            }
+            Some(id) => {
+                // Captured: this capture's next snapshot buffer, the copy captured on the
+                // stream, the check a branch after it (and after the capture's previous one).
+                if st.graph_capture != id {
+                    st.graph_capture = id;
+                    st.graph_used = 0;
+                    st.graph_last = None;
+                }
+                if st.graph_used == st.graph_buffers.len() {
+                    use std::sync::atomic::Ordering;
+                    let bytes = st.layout.bytes;
+                    let held = self.graph_snapshot_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    if held + bytes > self.pool_bytes / 4 {
+                        self.graph_snapshot_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                        return Detach::OnStream;
+                    }
+                    // A pool block: no driver call, legal while capturing.
+                    match self.checker.alloc(bytes as usize) {
+                        Ok(b) => st.graph_buffers.push(b),
+                        Err(_) => {
+                            self.graph_snapshot_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                            return Detach::OnStream;
+                        }
+                    }
+                }
+                let base = st.graph_buffers[st.graph_used].ptr;
+                let mut copy = st.layout.params(g, rows, base, st.counters.ptr);
+                if let Some(rule) = req.device_gate {
+                    copy.gate_ptr = st.counters.ptr + 8;
+                    copy.gate_first = rule.first.min(u32::MAX as u64) as u32;
+                    copy.gate_every = rule.every.min(u32::MAX as u64) as u32;
+                }
+                let packed = st.layout.packed_desc(g, base);
+                let copy = match self.checker.prepare_snapshot(formats, weight.kp, &st.layout, copy) {
+                    Ok(c) => c,
+                    Err(e) => return launch_err("copy", e),
+                };
+                let mut check = match self.checker.prepare_sketch_check(
+                    &packed,
+                    QsRowSel::all(sample.count),
+                    weight,
+                    &st.graph_scratch,
+                    formats.0,
+                    formats.2,
+                    tag,
+                ) {
+                    Ok(c) => c,
+                    Err(e) => return launch_err("check", e),
+                };
+                check.params.packed_ptr = base;
+                if let Err(e) = self.checker.launch_prepared(&copy, stream) {
+                    return launch_err("copy launch", e);
+                }
+                st.graph_used += 1;
+                match self.checker.launch_prepared_branch(&check, stream, st.graph_last) {
+                    Ok(node) => {
+                        st.graph_last = Some(node);
+                        Detach::Done
+                    }
+                    Err(e) => launch_err("graph branch", e),
+                }
+            }
+        }
+    }
+
+    /// Layout, counters, scratch and eager buffers of detached checks of `count` rows; None
+    /// when these calls cannot be detached (logged once per site and count; they are checked
+    /// on their stream).
+    fn detached_setup(&self, g: &QsGemmDesc, count: u64, probes: u32) -> Result<Option<DetachedState>, Skip> {
+        use crate::device::snapshot::SnapshotLayout;
+        let layout =
+            match SnapshotLayout::new(g, count, self.checker.info.multiprocessors, SNAPSHOT_MAX_BYTES) {
+                Ok(l) => l,
+                Err(e) => {
+                    super::log::info(&format!("sketch check on the caller's stream: {e}"));
+                    return Ok(None);
+                }
+            };
+        let fail =
+            |e: crate::device::DeviceError| Skip::new(format!("detached sketch set-up: {}", pool_reason(&e)));
+        let counters = self.checker.alloc_zeroed(16).map_err(fail)?;
+        let eager_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
+        let graph_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
+        let mut eager = Vec::with_capacity(EAGER_SNAPSHOTS);
+        for _ in 0..EAGER_SNAPSHOTS {
+            eager.push(EagerSnapshot {
+                buffer: self.checker.alloc(layout.bytes as usize).map_err(fail)?,
+                copied: self.runtime.create_event().map_err(fail)?,
+                done: self.runtime.create_event().map_err(fail)?,
+                pending: false,
+            });
+        }
+        Ok(Some(DetachedState {
+            layout,
+            counters,
+            eager_scratch,
+            eager,
+            graph_scratch,
+            graph_buffers: vec![],
+            graph_capture: u64::MAX,
+            graph_used: 0,
+            graph_last: None,
+        }))
     }
 
     /// Rows or full check. Outside a capture it runs on the low-priority side stream: the

@@ -186,6 +186,7 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
         pool_bytes: config.pool_bytes,
         ring_capacity: 4096,
         sync_compile: config.sync_compile,
+        sketch_detach: config.sketch_detach,
     };
     match config.device {
         DeviceChoice::Cuda => gpu::start_cuda(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),

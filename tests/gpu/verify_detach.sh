@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# GPU verification of detached sketch checks (QUANTSHADOW_SKETCH_DETACH, issue 3/4 speed goals):
+# run from the repo root on the GPU host with the release artifacts in .gpu/main. Logs to $OUT.
+#   tests/gpu/verify_detach.sh [ops] [gate] [mlp] [llama]
+#   ops    torch_ops.py (eager + a captured decode loop) under detach on: outputs bit-identical,
+#          every site checked and passing, the graph's checks as branches
+#   gate   first:1,1/5 inside a CUDA graph with detach on: the copy kernel's device gate
+#   mlp    overhead_mlp.py: plain, off, sketch all (detach off / on), sketch 1/100 (on), two
+#          interleaved rounds
+#   llama  torch_llama.py --timing (prefill / decode tokens/s): plain, sketch all and 1/100
+set -uo pipefail
+export PATH=$PWD/.gpu/main:$PATH PYTHONUNBUFFERED=1
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/qscache} QUANTSHADOW_COMPILE=sync QUANTSHADOW_LOG=${QUANTSHADOW_LOG:-info}
+OUT=${OUT:-/tmp/qsout}
+mkdir -p "$OUT"
+steps=${*:-ops gate mlp}
+same() { python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+bad = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.endswith("tok_s")]
+print("identical" if not bad else f"DIFFERENT: {bad[:10]}")
+sys.exit(1 if bad else 0)
+PY
+}
+shim() { LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so "$@"; }
+for step in $steps; do
+  case $step in
+  ops)
+    [ -f "$OUT/ops_plain.json" ] || python3 tests/gpu/torch_ops.py "$OUT/ops_plain.json" >"$OUT/ops_plain.log" 2>&1
+    for det in on off; do
+      QUANTSHADOW_SKETCH_DETACH=$det quantshadow run --mode sketch --label "ops-detach-$det" --out "$OUT/ops_detach_$det" -- \
+        python3 tests/gpu/torch_ops.py "$OUT/ops_detach_$det.json" >"$OUT/ops_detach_$det.log" 2>&1
+      echo "ops detach=$det: run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_detach_$det.json")"
+      grep -E "^\*\*|Calls:|checked" "$OUT/ops_detach_$det/report.md" | head -5
+      quantshadow dump --summary "$OUT/ops_detach_$det/run.qsr" >"$OUT/ops_detach_$det/summary.txt" 2>&1
+      grep -iE "skip" "$OUT/ops_detach_$det/summary.txt" | head -8
+    done
+    ;;
+  gate)
+    [ -f "$OUT/ops_plain.json" ] || python3 tests/gpu/torch_ops.py "$OUT/ops_plain.json" >"$OUT/ops_plain.log" 2>&1
+    QUANTSHADOW_SAMPLE="first:1,1/5" quantshadow run --mode sketch --label ops-gated-detached --out "$OUT/ops_gate" -- \
+      python3 tests/gpu/torch_ops.py "$OUT/ops_gate.json" >"$OUT/ops_gate.log" 2>&1
+    echo "ops gate (detached): run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate.json")"
+    grep "Calls:" "$OUT/ops_gate/report.md"
+    grep "1x1024x1024" "$OUT/ops_gate/report.md" | grep -v "^| [0-9]* | \`cublas[A-Za-z_]* #" | head -6
+    ;;
+  mlp)
+    for round in 1 2; do
+      for cfg in "plain - -" "off all on" "sketch all off" "sketch all on" "sketch 1/100 on"; do
+        set -- $cfg
+        if [ "$1" = plain ]; then
+          r=$(python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
+        else
+          r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 shim \
+            python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
+        fi
+        echo "mlp round $round $1 $2 detach=$3: $r"
+      done
+    done
+    ;;
+  llama)
+    for cfg in "plain - -" "sketch all on" "sketch 1/100 on" "sketch all off"; do
+      set -- $cfg
+      tag="${1}_${2//\//_}_$3"
+      if [ "$1" = plain ]; then
+        python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+      else
+        QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 shim \
+          python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+      fi
+      echo "llama $1 $2 detach=$3: $(grep -E "tok_s" "$OUT/t_$tag.log" | tail -2 | tr '\n' ' ')"
+    done
+    ;;
+  *) echo "unknown step $step" ;;
+  esac
+done
