@@ -331,11 +331,12 @@ struct QsSnapRegion {
 
 // qs_sketch_snap_{a}_{d}: grid (count, chunks), QS_BLOCK threads. Block (t, c) copies slice c
 // of each row region of sampled row t; blocks (t, 0) also copy the scale entries and the row
-// bias. Launch counters (u64, zero at set-up, never reset): every block adds one, so launch L
-// reads values in [L * blocks, (L + 1) * blocks) and all blocks agree on L without a barrier.
+// bias. Launch counters (u64, zero at set-up, never reset; graph replays): every block adds
+// one, so launch L reads values in [L * blocks, (L + 1) * blocks) and all blocks agree on L
+// without a barrier. Eager calls pass the epoch in rows.epoch_value (epoch_counter_ptr 0).
 struct QsSnapParams {
     QsGemmDesc g;
-    QsRowSel rows;     // PERM (epoch from epoch_counter_ptr) or ALL
+    QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value) or ALL
     qs_u64 out_ptr;    // snapshot buffer
     QsSnapRegion a, a_scale, c, d;
     qs_u64 bias_off;   // row bias entries (bias format), count of them

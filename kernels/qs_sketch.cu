@@ -1493,7 +1493,11 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
             tag = qs_atomic_add_u64((qs_u64*)P.gate_ptr, 1) / blocks;
             take = tag < P.gate_first || (P.gate_every != 0 && (tag - P.gate_first) % P.gate_every == 0);
         }
-        const qs_u64 epoch = take ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) / blocks : 0;
+        // Eager calls pass the epoch (the host counts them): no atomic on the copy's critical
+        // path. Graph replays need the device counter.
+        const qs_u64 epoch = !take                 ? 0
+                             : P.epoch_counter_ptr ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) / blocks
+                                                   : P.rows.epoch_value;
         s_epoch = epoch;
         s_tag = take ? ((P.gate_ptr ? tag : epoch) & 0x7FFFFFFFull) + 1 : 0;
         s_status = 0;

@@ -208,11 +208,12 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
                         match SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX) {
                             Ok(layout) => {
                                 let snap = checker.alloc(layout.bytes as usize).map_err(|e| e.to_string())?;
-                                let counters = checker.alloc_zeroed(16).map_err(|e| e.to_string())?;
                                 let det_scratch = checker
                                     .sketch_scratch(sample.count.min(m), k, n, probes, false)
                                     .map_err(|e| e.to_string())?;
-                                let copy = checker
+                                // As the shim's eager calls: the host counts the epoch, so each copy
+                                // takes the next rows (not the same, L2-resident ones).
+                                let mut copy = checker
                                     .prepare_snapshot(
                                         (a, a, d),
                                         weight.kp,
@@ -221,7 +222,7 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
                                             &g,
                                             QsRowSel::sample(&sample, 0, 0, false),
                                             snap.ptr,
-                                            counters.ptr,
+                                            0,
                                         ),
                                     )
                                     .map_err(|e| e.to_string())?;
@@ -238,6 +239,7 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
                                     .map_err(|e| e.to_string())?;
                                 check.params.packed_ptr = snap.ptr;
                                 let copy_ms = time_ms(rt.as_ref(), 50, 5, || {
+                                    copy.params.rows.epoch_value += 1;
                                     checker.launch_prepared(&copy, Stream::default())
                                 })
                                 .map_err(|e| e.to_string())?;

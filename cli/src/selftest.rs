@@ -1291,6 +1291,8 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
         n: u64,
         k: u64,
         tweak: fn(&mut GemmProblem),
+        /// alpha read from device memory by the check (copied into the snapshot's header).
+        device_alpha: bool,
     }
     fn none(_: &mut GemmProblem) {}
     fn col_a_c_rowbias(p: &mut GemmProblem) {
@@ -1306,9 +1308,6 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
         p.d.batch_stride = p.m * p.n;
         p.b.batch_stride = 0;
     }
-    fn device_alpha(p: &mut GemmProblem) {
-        p.alpha = Scalar::Device { ptr: 0, format: Format::F32 };
-    }
     let variants = [
         Variant {
             name: "fp8 row-wise, 300 rows (256 sampled)",
@@ -1317,6 +1316,7 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             n: 1024,
             k: 512,
             tweak: none,
+            device_alpha: false,
         },
         Variant {
             name: "mxfp4, 57 rows, swizzled scales",
@@ -1325,8 +1325,17 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             n: 512,
             k: 512,
             tweak: none,
+            device_alpha: false,
         },
-        Variant { name: "nvfp4, 129 rows", scheme: "nvfp4", m: 129, n: 256, k: 256, tweak: none },
+        Variant {
+            name: "nvfp4, 129 rows",
+            scheme: "nvfp4",
+            m: 129,
+            n: 256,
+            k: 256,
+            tweak: none,
+            device_alpha: false,
+        },
         Variant {
             name: "fp8 block 128 (K-major A scales), 4097 rows",
             scheme: "fp8-block128",
@@ -1334,8 +1343,17 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             n: 256,
             k: 512,
             tweak: none,
+            device_alpha: false,
         },
-        Variant { name: "w4a16 int4, 7 rows", scheme: "w4a16-int4", m: 7, n: 4096, k: 256, tweak: none },
+        Variant {
+            name: "w4a16 int4, 7 rows",
+            scheme: "w4a16-int4",
+            m: 7,
+            n: 4096,
+            k: 256,
+            tweak: none,
+            device_alpha: false,
+        },
         Variant {
             name: "bf16 op(A) strided, C col-major, beta, row bias",
             scheme: "bf16",
@@ -1343,6 +1361,7 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             n: 200,
             k: 136,
             tweak: col_a_c_rowbias,
+            device_alpha: false,
         },
         Variant {
             name: "bf16 batch 3 sharing B, device alpha",
@@ -1351,6 +1370,7 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             n: 384,
             k: 256,
             tweak: batch_shared_b,
+            device_alpha: true,
         },
         Variant {
             name: "f16 device alpha, 1 row",
@@ -1358,14 +1378,23 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             m: 1,
             n: 4097,
             k: 4096,
-            tweak: device_alpha,
+            tweak: none,
+            device_alpha: true,
         },
     ];
     variants
         .iter()
-        .map(|v| {
-            let case = format!("detached = in place: {}", v.name);
-            detached_case(checker, v.scheme, v.m, v.n, v.k, v.tweak)
+        .enumerate()
+        .map(|(i, v)| {
+            // Alternate the copy's epoch source: the host's count (eager) or the device counter
+            // (graph replays).
+            let device_epoch = i % 2 == 1;
+            let case = format!(
+                "detached = in place: {} ({} epoch)",
+                v.name,
+                if device_epoch { "device-counted" } else { "host-counted" }
+            );
+            detached_case(checker, v.scheme, v.m, v.n, v.k, v.tweak, v.device_alpha, device_epoch)
                 .map(|(pass, detail)| outcome("sketch detached", case.clone(), pass, detail))
                 .unwrap_or_else(|e| error_outcome("sketch detached", case, e))
         })
@@ -1379,6 +1408,8 @@ fn detached_case(
     n: u64,
     k: u64,
     tweak: fn(&mut GemmProblem),
+    device_alpha: bool,
+    device_epoch: bool,
 ) -> Result<(bool, String), String> {
     use quantshadow_runtime::device::snapshot::SnapshotLayout;
     let es = |e: &dyn std::fmt::Display| e.to_string();
@@ -1401,8 +1432,8 @@ fn detached_case(
     let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
     bufs.d = d_buf.ptr;
     let mut g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
-    if g.alpha.on_device != 0 {
-        g.alpha.ptr = alpha_buf.ptr;
+    if device_alpha {
+        g.alpha = abi::QsScalar { value: 0.0, ptr: alpha_buf.ptr, format: Format::F32 as u32, on_device: 1 };
     }
     let (seed, probes) = (0x5eed_d7, 32);
     let (fa, fd) = (problem.a.format, problem.d.format);
@@ -1438,7 +1469,11 @@ fn detached_case(
                 (fa, b, fd),
                 weight.kp,
                 &layout,
-                layout.params(&g, QsRowSel::sample(&sample, 0, 0, false), snap.ptr, counters.ptr),
+                if device_epoch {
+                    layout.params(&g, QsRowSel::sample(&sample, 0, 0, false), snap.ptr, counters.ptr)
+                } else {
+                    layout.params(&g, QsRowSel::sample(&sample, 0, e, false), snap.ptr, 0)
+                },
             )
             .map_err(|e| es(&e))?;
         checker.launch_prepared(&copy, st).map_err(|e| es(&e))?;

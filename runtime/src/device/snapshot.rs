@@ -116,6 +116,8 @@ impl SnapshotLayout {
     }
 
     /// The copy kernel's parameters for a snapshot at `base` of the call `g`, rows `rows`.
+    /// `epoch_counter` 0: the epoch is `rows.epoch_value` (eager calls, counted on the host);
+    /// else the device counter there (graph replays).
     pub fn params(&self, g: &QsGemmDesc, rows: QsRowSel, base: u64, epoch_counter: u64) -> QsSnapParams {
         QsSnapParams {
             g: *g,

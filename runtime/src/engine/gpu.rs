@@ -141,11 +141,14 @@ struct RowsState {
 ///   later captures: graphs launched on one stream run one after the other), and the branches
 ///   of one capture are chained, since they share the scratch.
 /// Eager and captured checks have separate scratch (a side-stream check may still run when a
-/// replay starts); both share the copy kernel's launch counters (row epoch, device gate).
+/// replay starts). Eager copies take their row epoch from the host's count, captured copies
+/// from the device counters (row epoch, device gate) that every replay advances.
 struct DetachedState {
     layout: crate::device::snapshot::SnapshotLayout,
-    /// u64 [epoch counter, gate counter] of the copy kernel, zero at set-up.
+    /// u64 [epoch counter, gate counter] of the copy kernel in graphs, zero at set-up.
     counters: DeviceBuffer,
+    /// Row epoch of the next eager check (counted here: no device atomic per copy).
+    eager_epoch: u64,
     eager_scratch: SketchScratch,
     eager: Vec<EagerSnapshot>,
     graph_scratch: SketchScratch,
@@ -553,7 +556,8 @@ impl GpuBackend {
                 };
                 let snap = &mut st.eager[i];
                 let base = snap.buffer.ptr;
-                let copy = st.layout.params(g, rows, base, st.counters.ptr);
+                let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
+                let copy = st.layout.params(g, rows, base, 0);
                 let packed = st.layout.packed_desc(g, base);
                 let copy = match self.checker.prepare_snapshot(formats, weight.kp, &st.layout, copy) {
                     Ok(c) => c,
@@ -585,6 +589,7 @@ impl GpuBackend {
                 match r {
                     Ok(()) => {
                         snap.pending = true;
+                        st.eager_epoch += 1;
                         Detach::Done
                     }
                     Err(e) => launch_err("side stream", e),
@@ -685,6 +690,7 @@ impl GpuBackend {
         Ok(Some(DetachedState {
             layout,
             counters,
+            eager_epoch: 0,
             eager_scratch,
             eager,
             graph_scratch,
