@@ -47,6 +47,10 @@ pub struct Args {
     /// Device to test: auto (GPU if one is usable, else host), cuda, or host.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// GPU sections to run, comma-separated (helpers, reference, compare, logits, sketch,
+    /// detached, inject); all when absent.
+    #[arg(long, value_delimiter = ',', value_name = "SECTIONS")]
+    pub only: Vec<String>,
 }
 
 /// One line of the result table.
@@ -77,7 +81,7 @@ pub fn main(args: Args) -> ExitCode {
                     "{} ({}, {} SMs)",
                     checker.info.name, checker.info.arch, checker.info.multiprocessors
                 );
-                (name, gpu_selftest(&checker, args.quick))
+                (name, gpu_selftest(&checker, args.quick, &args.only))
             }
             Err(e) if args.device == "auto" => {
                 eprintln!("quantshadow selftest: no usable GPU ({e}); running the host device instead");
@@ -275,17 +279,43 @@ fn reference_cases(quick: bool) -> Vec<Case> {
 // ---------------------------------------------------------------------------------------------
 // GPU
 
-fn gpu_selftest(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
+const GPU_SECTIONS: &[&str] = &["helpers", "reference", "compare", "logits", "sketch", "detached", "inject"];
+
+fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outcome> {
+    let run = |section: &str| only.is_empty() || only.iter().any(|o| o == section);
     let mut out = Vec::new();
-    out.extend(gpu_helpers(checker));
-    for case in reference_cases(quick) {
-        out.extend(gpu_reference_case(checker, &case));
+    if let Some(bad) = only.iter().find(|o| !GPU_SECTIONS.contains(&o.as_str())) {
+        out.push(outcome(
+            "selftest",
+            format!("--only {bad}"),
+            false,
+            format!("unknown section; one of {}", GPU_SECTIONS.join(", ")),
+        ));
+        return out;
     }
-    out.extend(gpu_compare(checker));
-    out.extend(gpu_compare_logits(checker));
-    out.extend(gpu_sketch(checker, quick));
-    out.extend(gpu_sketch_detached(checker));
-    out.extend(gpu_inject(checker));
+    if run("helpers") {
+        out.extend(gpu_helpers(checker));
+    }
+    if run("reference") {
+        for case in reference_cases(quick) {
+            out.extend(gpu_reference_case(checker, &case));
+        }
+    }
+    if run("compare") {
+        out.extend(gpu_compare(checker));
+    }
+    if run("logits") {
+        out.extend(gpu_compare_logits(checker));
+    }
+    if run("sketch") {
+        out.extend(gpu_sketch(checker, quick));
+    }
+    if run("detached") {
+        out.extend(gpu_sketch_detached(checker));
+    }
+    if run("inject") {
+        out.extend(gpu_inject(checker));
+    }
     out
 }
 

@@ -69,6 +69,8 @@ const CU_MEMHOSTALLOC_DEVICEMAP: u32 = 0x02;
 const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 /// CU_EVENT_DEFAULT (cuda.h): timing enabled.
 const CU_EVENT_DEFAULT: u32 = 0x0;
+/// CU_EVENT_DISABLE_TIMING (cuda.h): ordering only.
+const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 
 /// Which library a symbol is looked up in.
 #[derive(Clone, Copy)]
@@ -581,6 +583,13 @@ impl GpuRuntime for CudaRuntime {
         let mut e: cu::CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         check("cuEventCreate", unsafe { cu::cuEventCreate(&mut e, CU_EVENT_DEFAULT) })?;
+        Ok(Event(e as u64))
+    }
+
+    fn create_sync_event(&self) -> Result<Event, DeviceError> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        check("cuEventCreate", unsafe { cu::cuEventCreate(&mut e, CU_EVENT_DISABLE_TIMING) })?;
         Ok(Event(e as u64))
     }
 

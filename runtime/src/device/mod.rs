@@ -220,6 +220,11 @@ pub trait GpuRuntime: Send + Sync {
     /// stream.
     fn create_side_stream(&self) -> Result<Stream, DeviceError>;
     fn create_event(&self) -> Result<Event, DeviceError>;
+    /// An event for ordering only (no timestamp: cheaper to record and to wait on). Runtimes
+    /// without the distinction give a timing event.
+    fn create_sync_event(&self) -> Result<Event, DeviceError> {
+        self.create_event()
+    }
     fn record_event(&self, event: Event, stream: Stream) -> Result<(), DeviceError>;
     fn wait_event(&self, stream: Stream, event: Event) -> Result<(), DeviceError>;
     /// Whether all work before the event's last record has completed (never waits).

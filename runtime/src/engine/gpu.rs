@@ -506,6 +506,11 @@ impl GpuBackend {
         stream: Stream,
         capturing: bool,
     ) -> Detach {
+        if capturing && req.device_gate.is_some() {
+            // Sampled per replay on the device: on the stream the gated-out check is one node
+            // per GEMM; detached it would be two (the gated copy and the gated branch).
+            return Detach::OnStream;
+        }
         let capture = if capturing {
             match self.runtime.capture_id(stream) {
                 Ok(Some(id)) => Some(id),
@@ -682,8 +687,8 @@ impl GpuBackend {
         for _ in 0..EAGER_SNAPSHOTS {
             eager.push(EagerSnapshot {
                 buffer: self.checker.alloc(layout.bytes as usize).map_err(fail)?,
-                copied: self.runtime.create_event().map_err(fail)?,
-                done: self.runtime.create_event().map_err(fail)?,
+                copied: self.runtime.create_sync_event().map_err(fail)?,
+                done: self.runtime.create_sync_event().map_err(fail)?,
                 pending: false,
             });
         }
@@ -802,8 +807,8 @@ impl GpuBackend {
             Skip::new(format!("{what}: {}", short(&e.to_string())))
         };
         if state.side.is_none() {
-            let inputs_ready = rt.create_event().map_err(|e| fail("side stream event", e))?;
-            let done = rt.create_event().map_err(|e| fail("side stream event", e))?;
+            let inputs_ready = rt.create_sync_event().map_err(|e| fail("side stream event", e))?;
+            let done = rt.create_sync_event().map_err(|e| fail("side stream event", e))?;
             state.side = Some(SideCheck { copies: Default::default(), inputs_ready, done, pending: false });
         }
         let sc = state.side.as_mut().expect("set above");

@@ -473,8 +473,8 @@ impl GpuBackend {
                 let fail = |e: crate::device::DeviceError| {
                     Skip::new(format!("diagnosis event: {}", short(&e.to_string())))
                 };
-                let inputs_ready = rt.create_event().map_err(fail)?;
-                let done = rt.create_event().map_err(fail)?;
+                let inputs_ready = rt.create_sync_event().map_err(fail)?;
+                let done = rt.create_sync_event().map_err(fail)?;
                 st.regions.push(Region { mapped: None, inputs_ready, done, state: Use::Free });
                 st.regions.len() - 1
             }

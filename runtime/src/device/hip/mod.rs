@@ -520,6 +520,11 @@ impl GpuRuntime for HipRuntime {
         Ok(Event(event as usize as u64))
     }
 
+    fn create_sync_event(&self) -> Result<Event, DeviceError> {
+        let event = result::event_create_with_flags(&self.hip, sys::HIP_EVENT_DISABLE_TIMING)?;
+        Ok(Event(event as usize as u64))
+    }
+
     fn record_event(&self, event: Event, stream: Stream) -> Result<(), DeviceError> {
         result::event_record(&self.hip, event.0 as usize as *mut c_void, stream_ptr(stream))
     }

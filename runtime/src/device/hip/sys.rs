@@ -68,6 +68,8 @@ pub const HIP_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `#define hipEventDefault 0x0`, ROCm 5.2.3 hip_runtime_api.h: timing stays enabled, which
 /// `hipEventElapsedTime` needs (hipEventDisableTiming would make it fail).
 pub const HIP_EVENT_DEFAULT: c_uint = 0x0;
+/// hipEventDisableTiming (hip_runtime_api.h): ordering only.
+pub const HIP_EVENT_DISABLE_TIMING: c_uint = 0x2;
 
 // hiprtcResult, ROCm 5.2.3 hiprtc.h (also ROCm 6.x/7.x).
 pub const HIPRTC_SUCCESS: RtcStatus = 0;
