@@ -8,6 +8,8 @@
 #   mlp    overhead_mlp.py: plain, off, sketch all (detach off / on), sketch 1/100 (on), two
 #          interleaved rounds
 #   llama  torch_llama.py --timing (prefill / decode tokens/s): plain, sketch all and 1/100
+#   multi  torch_multi_gpu.py (2 GPUs, a thread each, eager and graph): sketch and rows, outputs
+#          bit-identical, the sites of both devices checked
 set -uo pipefail
 export PATH=$PWD/.gpu/main:$PATH PYTHONUNBUFFERED=1
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/qscache} QUANTSHADOW_COMPILE=sync QUANTSHADOW_LOG=${QUANTSHADOW_LOG:-info}
@@ -69,6 +71,18 @@ for step in $steps; do
           python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
       fi
       echo "llama $1 $2 detach=$3: $(grep -E "tok_s" "$OUT/t_$tag.log" | tail -2 | tr '\n' ' ')"
+    done
+    ;;
+  multi)
+    python3 tests/gpu/torch_multi_gpu.py "$OUT/multi_plain.json" >"$OUT/multi_plain.log" 2>&1
+    echo "multi plain: exit $? $(tail -1 "$OUT/multi_plain.log")"
+    for mode in sketch rows; do
+      quantshadow run --mode "$mode" --label "multi-gpu-$mode" --out "$OUT/multi_$mode" -- \
+        python3 tests/gpu/torch_multi_gpu.py "$OUT/multi_$mode.json" >"$OUT/multi_$mode.log" 2>&1
+      echo "multi $mode: run exit $?; outputs $(same "$OUT/multi_plain.json" "$OUT/multi_$mode.json")"
+      grep -E "backend started|closing|no .* backend" "$OUT/multi_$mode.log" | head -6
+      grep -E "^\*\*Verdict|Calls:" "$OUT/multi_$mode/report.md"
+      grep -oE "\| [0-9]+x(768|1024|640|768)x512 \|" "$OUT/multi_$mode/report.md" | sort | uniq -c
     done
     ;;
   *) echo "unknown step $step" ;;

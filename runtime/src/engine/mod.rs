@@ -10,6 +10,7 @@ pub mod config;
 pub mod gpu;
 pub mod host;
 pub mod log;
+pub mod per_device;
 pub mod sites;
 
 use crate::inject::{self, CallRewrite};
@@ -189,15 +190,19 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
         sketch_detach: config.sketch_detach,
     };
     match config.device {
-        DeviceChoice::Cuda => gpu::start_cuda(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
-        DeviceChoice::Hip => gpu::start_hip(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>),
+        DeviceChoice::Cuda => {
+            gpu::start_cuda_per_device(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>)
+        }
+        DeviceChoice::Hip => {
+            gpu::start_hip_per_device(&gpu_settings).map(|b| Box::new(b) as Box<dyn Backend>)
+        }
         DeviceChoice::Host => start_host(),
         DeviceChoice::Auto => {
-            let cuda = gpu::start_cuda(&gpu_settings);
+            let cuda = gpu::start_cuda_per_device(&gpu_settings);
             if let Ok(b) = cuda {
                 return Ok(Box::new(b));
             }
-            let hip = gpu::start_hip(&gpu_settings);
+            let hip = gpu::start_hip_per_device(&gpu_settings);
             if let Ok(b) = hip {
                 return Ok(Box::new(b));
             }

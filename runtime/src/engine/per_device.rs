@@ -1,0 +1,330 @@
+//! One GPU backend per device of the process (tensor-parallel engines drive several GPUs
+//! from one process, often one thread per GPU).
+//!
+//! A GPU backend's kernels, pool, ring and side stream belong to the device that was current
+//! when it started. [`PerDevice`] routes every call to the backend of the calling thread's
+//! current device and starts that backend on the device's first call, in the caller's own
+//! context (never a new one). A first call that arrives while its stream captures a graph
+//! cannot set up (set-up allocates): it passes through, counted, and a later call sets up. A
+//! device whose backend cannot start passes its calls through with the reason, counted.
+
+use super::backend::{Backend, CheckRequest, InjectRequest, Injected, Polled, PreCall};
+use crate::intercept::Skip;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// What [`PerDevice`] needs from the vendor runtime, apart from starting backends.
+pub trait DeviceProbe: Send + Sync {
+    /// Ordinal of the calling thread's current device.
+    fn current_ordinal(&self) -> Result<i32, String>;
+    /// Whether `stream` is capturing (on the current device).
+    fn is_capturing(&self, stream: u64) -> bool;
+}
+
+type Starter<B> = Box<dyn Fn(i32) -> Result<B, String> + Send + Sync>;
+
+pub struct PerDevice<B: Backend> {
+    name: &'static str,
+    probe: Box<dyn DeviceProbe>,
+    start: Starter<B>,
+    devices: RwLock<HashMap<i32, Arc<B>>>,
+    /// Devices whose backend failed to start, with the reason (not retried: the same error
+    /// would come back at every call).
+    failed: Mutex<HashMap<i32, String>>,
+    /// (name, arch) of the first device started, for the session record.
+    first_device: Mutex<Option<(String, String)>>,
+}
+
+impl<B: Backend + 'static> PerDevice<B> {
+    /// Starts the backend of the calling thread's current device now (so that a process whose
+    /// GPU cannot be used learns it at start, as with a single backend) and the others on
+    /// their first calls.
+    pub fn start(name: &'static str, probe: Box<dyn DeviceProbe>, start: Starter<B>) -> Result<Self, String> {
+        let ordinal = probe.current_ordinal()?;
+        let first = start(ordinal)?;
+        let per = PerDevice {
+            name,
+            probe,
+            start,
+            devices: RwLock::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
+            first_device: Mutex::new(Some(first.device())),
+        };
+        per.devices.write().unwrap_or_else(|e| e.into_inner()).insert(ordinal, Arc::new(first));
+        Ok(per)
+    }
+
+    /// Devices with a running backend.
+    pub fn started(&self) -> Vec<i32> {
+        let mut v: Vec<i32> =
+            self.devices.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The calling thread's device's backend, started here on the device's first call.
+    fn current(&self, stream: u64) -> Result<Arc<B>, Skip> {
+        let ordinal = self.probe.current_ordinal().map_err(|e| Skip::new(format!("current device: {e}")))?;
+        if let Some(b) = self.devices.read().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
+            return Ok(b.clone());
+        }
+        if let Some(reason) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
+            return Err(Skip::new(format!("no backend on this device: {reason}")));
+        }
+        if stream != 0 && self.probe.is_capturing(stream) {
+            return Err(Skip::new("graph capture: device not set up before the capture"));
+        }
+        let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = devices.get(&ordinal) {
+            return Ok(b.clone()); // another thread of this device started it meanwhile
+        }
+        match (self.start)(ordinal) {
+            Ok(b) => {
+                super::log::info(&format!("{} backend started on device {ordinal}", self.name));
+                let b = Arc::new(b);
+                devices.insert(ordinal, b.clone());
+                Ok(b)
+            }
+            Err(e) => {
+                super::log::warn(&format!("no {} backend on device {ordinal}: {e}", self.name));
+                self.failed.lock().unwrap_or_else(|p| p.into_inner()).insert(ordinal, e.clone());
+                Err(Skip::new(format!("no backend on this device: {e}")))
+            }
+        }
+    }
+
+    fn all(&self) -> Vec<Arc<B>> {
+        let devices = self.devices.read().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(i32, Arc<B>)> = devices.iter().map(|(o, b)| (*o, b.clone())).collect();
+        v.sort_by_key(|(o, _)| *o);
+        v.into_iter().map(|(_, b)| b).collect()
+    }
+}
+
+impl<B: Backend + 'static> Backend for PerDevice<B> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn device(&self) -> (String, String) {
+        self.first_device.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
+    }
+
+    fn before_call(&self, request: &CheckRequest) -> Result<PreCall, Skip> {
+        self.current(request.call.stream)?.before_call(request)
+    }
+
+    fn after_call(&self, request: &CheckRequest, pre: PreCall) -> Result<(), Skip> {
+        self.current(request.call.stream)?.after_call(request, pre)
+    }
+
+    fn poll(&self, out: &mut Vec<Polled>) {
+        for b in self.all() {
+            b.poll(out);
+        }
+    }
+
+    fn is_capturing(&self, stream: u64) -> bool {
+        self.probe.is_capturing(stream)
+    }
+
+    fn dropped(&self) -> u64 {
+        self.all().iter().map(|b| b.dropped()).sum()
+    }
+
+    fn inject_before(&self, request: &InjectRequest) -> Result<Injected, Skip> {
+        self.current(request.call.stream)?.inject_before(request)
+    }
+
+    fn inject_after(&self, request: &InjectRequest, saved: Injected) -> Result<(), Skip> {
+        self.current(request.call.stream)?.inject_after(request, saved)
+    }
+
+    fn diagnose(&self, request: &CheckRequest) -> Result<(), Skip> {
+        self.current(request.call.stream)?.diagnose(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+
+    /// A backend that says which device it serves through its poll results.
+    struct Fake {
+        ordinal: i32,
+        calls: AtomicU64,
+    }
+
+    impl Backend for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn device(&self) -> (String, String) {
+            (format!("gpu{}", self.ordinal), "sm_test".into())
+        }
+        fn before_call(&self, _: &CheckRequest) -> Result<PreCall, Skip> {
+            Ok(PreCall::default())
+        }
+        fn after_call(&self, _: &CheckRequest, _: PreCall) -> Result<(), Skip> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        fn poll(&self, out: &mut Vec<Polled>) {
+            let n = self.calls.swap(0, Ordering::Relaxed);
+            for _ in 0..n {
+                out.push(Polled::Failed { site_ordinal: self.ordinal as u32, reason: "served".into() });
+            }
+        }
+        fn dropped(&self) -> u64 {
+            self.ordinal as u64
+        }
+    }
+
+    struct Probe {
+        current: Arc<AtomicI32>,
+        capturing: Arc<AtomicBool>,
+    }
+
+    impl DeviceProbe for Probe {
+        fn current_ordinal(&self) -> Result<i32, String> {
+            Ok(self.current.load(Ordering::Relaxed))
+        }
+        fn is_capturing(&self, _: u64) -> bool {
+            self.capturing.load(Ordering::Relaxed)
+        }
+    }
+
+    fn per_device(broken: i32) -> (PerDevice<Fake>, Arc<AtomicI32>, Arc<AtomicBool>, Arc<AtomicU64>) {
+        let current = Arc::new(AtomicI32::new(0));
+        let capturing = Arc::new(AtomicBool::new(false));
+        let starts = Arc::new(AtomicU64::new(0));
+        let s = starts.clone();
+        let per = PerDevice::start(
+            "fake",
+            Box::new(Probe { current: current.clone(), capturing: capturing.clone() }),
+            Box::new(move |ordinal| {
+                s.fetch_add(1, Ordering::Relaxed);
+                if ordinal == broken {
+                    return Err("no memory".into());
+                }
+                Ok(Fake { ordinal, calls: AtomicU64::new(0) })
+            }),
+        )
+        .unwrap();
+        (per, current, capturing, starts)
+    }
+
+    fn after(per: &PerDevice<Fake>, stream: u64) -> Result<(), Skip> {
+        use crate::formats::Format;
+        use crate::problem::{GemmBuffers, GemmProblem};
+        let call = crate::intercept::InterceptedGemm {
+            entry: "cublasLtMatmul",
+            problem: GemmProblem::row_major(4, 8, 16, Format::Bf16, Format::Bf16, Format::Bf16),
+            buffers: GemmBuffers::default(),
+            stream,
+            pointer_arrays: None,
+        };
+        let thresholds = crate::thresholds::Thresholds::default();
+        let req = CheckRequest {
+            call: &call,
+            mode: crate::record::CheckMode::Sketch,
+            site_ordinal: 0,
+            site_id: 1,
+            call_seq: 0,
+            site_epoch: 0,
+            sketch: super::super::backend::SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
+            rows_per_call: 64,
+            logits_topk: None,
+            device_gate: None,
+            diagnose: super::super::backend::Diagnose::No,
+            thresholds: &thresholds,
+        };
+        per.after_call(&req, PreCall::default())
+    }
+
+    fn served(per: &PerDevice<Fake>) -> Vec<u32> {
+        let mut out = vec![];
+        per.poll(&mut out);
+        let mut v: Vec<u32> = out
+            .iter()
+            .map(|p| match p {
+                Polled::Failed { site_ordinal, .. } => *site_ordinal,
+                _ => u32::MAX,
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn calls_go_to_their_device_and_backends_start_on_first_use() {
+        let (per, current, _, starts) = per_device(-1);
+        assert_eq!(per.started(), [0]);
+        after(&per, 7).unwrap();
+        current.store(1, Ordering::Relaxed);
+        after(&per, 7).unwrap();
+        after(&per, 7).unwrap();
+        assert_eq!(per.started(), [0, 1]);
+        assert_eq!(starts.load(Ordering::Relaxed), 2, "each device started once");
+        assert_eq!(served(&per), [0, 1, 1]);
+        assert_eq!(per.dropped(), 1, "drops of every device are summed");
+        assert_eq!(per.device(), ("gpu0".to_string(), "sm_test".to_string()));
+    }
+
+    #[test]
+    fn a_device_seen_first_inside_a_capture_waits_for_a_later_call() {
+        let (per, current, capturing, starts) = per_device(-1);
+        current.store(2, Ordering::Relaxed);
+        capturing.store(true, Ordering::Relaxed);
+        let skip = after(&per, 9).unwrap_err();
+        assert!(skip.0.contains("graph capture"), "{}", skip.0);
+        assert_eq!(per.started(), [0]);
+        capturing.store(false, Ordering::Relaxed);
+        after(&per, 9).unwrap();
+        assert_eq!(per.started(), [0, 2]);
+        assert_eq!(starts.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_device_that_cannot_start_passes_through_without_retrying() {
+        let (per, current, _, starts) = per_device(3);
+        current.store(3, Ordering::Relaxed);
+        for _ in 0..3 {
+            let skip = after(&per, 5).unwrap_err();
+            assert!(skip.0.contains("no memory"), "{}", skip.0);
+        }
+        assert_eq!(starts.load(Ordering::Relaxed), 2, "one failed start, not one per call");
+        current.store(0, Ordering::Relaxed);
+        after(&per, 5).unwrap();
+        assert_eq!(served(&per), [0]);
+    }
+
+    #[test]
+    fn threads_of_several_devices_share_it() {
+        let (per, current, _, _) = per_device(-1);
+        let per = Arc::new(per);
+        // The probe's "current device" is process-wide in this fake: take turns per device.
+        for ordinal in 0..4 {
+            current.store(ordinal, Ordering::Relaxed);
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let per = per.clone();
+                    std::thread::spawn(move || {
+                        for _ in 0..25 {
+                            after(&per, 11).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+        }
+        assert_eq!(per.started(), [0, 1, 2, 3]);
+        let got = served(&per);
+        for ordinal in 0..4u32 {
+            assert_eq!(got.iter().filter(|&&o| o == ordinal).count(), 100);
+        }
+    }
+}
