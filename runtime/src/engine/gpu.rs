@@ -168,7 +168,9 @@ struct RowsState {
 
 /// Detached sketch checks of one site and sampled-row count (`device::snapshot`): the copy
 /// kernel runs on the caller's stream right after the call, the check reads only the copy.
-/// - Eager calls: the check runs on the side stream after an event; two snapshot buffers
+/// - Eager calls (at least `EAGER_DETACH_MIN_ROWS` sampled rows; fewer are checked on their
+///   stream, but set up here for later captures): the check runs on the side stream after an
+///   event; two snapshot buffers
 ///   alternate, and a call finding both still in use by running checks is skipped (counted),
 ///   never waited for.
 /// - Captured calls (CUDA): the check is a graph branch after the copy node that no later
@@ -556,13 +558,6 @@ impl GpuBackend {
         } else {
             None
         };
-        if capture.is_none() && sample.count < EAGER_DETACH_MIN_ROWS {
-            // Few rows outside a graph: the caller is bound by its CPU launch rate, and the
-            // detached path's extra driver calls (two launches, two records, a wait, a query)
-            // cost more than the check's time on the stream (H100: +129% against +63% on a
-            // 1 x 4096 x 4096 bf16 call).
-            return Detach::OnStream;
-        }
         let Some(side) = self.side_stream else { return Detach::OnStream };
         let p = &req.call.problem;
         let formats = (p.a.format, p.b.format, p.d.format);
@@ -581,6 +576,13 @@ impl GpuBackend {
         let Some(st) = detached.get_mut(&sample.count).expect("inserted above") else {
             return Detach::OnStream;
         };
+        if capture.is_none() && sample.count < EAGER_DETACH_MIN_ROWS {
+            // Few rows outside a graph: the caller is bound by its CPU launch rate, and the
+            // detached path's extra driver calls (two launches, two records, a wait, a query)
+            // cost more than the check's time on the stream (H100: +129% against +63% on a
+            // 1 x 4096 x 4096 bf16 call). The set-up above still serves later captures.
+            return Detach::OnStream;
+        }
         let rows = QsRowSel::sample(sample, 0, 0, false);
         let tag = (req.site_id, req.call_seq);
         let launch_err = |what: &str, e: crate::device::DeviceError| {
