@@ -237,6 +237,10 @@ struct QsRefParams {
     qs_u64 status_ptr; // u32 status word of the check (0: none)
     qs_u32 round_to_d;
     qs_u32 reserved;
+    // Sampling decided on the device per launch (graph replays; qs_gate_take): 0 = always.
+    qs_u64 gate_ptr;
+    qs_u32 gate_first;
+    qs_u32 gate_every;
 };
 
 // qs_sketch_prep: sign words, column sums of R and the bias projection, once per (seed, N, bias).
@@ -367,6 +371,12 @@ struct QsCompareParams {
     qs_u32 topk;          // logits: 1..QS_MAX_TOPK
     qs_u32 block_per_row; // 1: a block per row (long rows, logits); 0: a warp per row
     qs_u32 reserved;
+    // Sampling decided on the device per launch (graph replays; qs_gate_take): 0 = always.
+    // A rows/full check's reference and compare count their launches on counters of their own
+    // and reach the same decision.
+    qs_u64 gate_ptr;
+    qs_u32 gate_first;
+    qs_u32 gate_every;
 };
 
 // qs_selftest_*: element-wise probes of the device helpers, compared bit for bit with the host
@@ -459,13 +469,13 @@ static_assert(sizeof(QsRingHeader) == 64, "QsRingHeader");
 static_assert(sizeof(QsRingCtl) == 16, "QsRingCtl");
 static_assert(sizeof(QsRingDesc) == 32, "QsRingDesc");
 static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
-static_assert(sizeof(QsRefParams) == 616, "QsRefParams");
+static_assert(sizeof(QsRefParams) == 632, "QsRefParams");
 static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
 static_assert(sizeof(QsWprojParams) == 176, "QsWprojParams");
 static_assert(sizeof(QsSketchParams) == 768, "QsSketchParams");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
 static_assert(sizeof(QsSnapParams) == 688, "QsSnapParams");
-static_assert(sizeof(QsCompareParams) == 256, "QsCompareParams");
+static_assert(sizeof(QsCompareParams) == 272, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");
 static_assert(sizeof(QsWorst) == 48, "QsWorst");

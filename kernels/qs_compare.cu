@@ -611,11 +611,14 @@ QS_DEVICE bool qs_compare_valid(const QsCompareParams& P) {
 #define QS_COMPARE_MIN_BLOCKS 2
 #endif
 QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_COMPARE_MIN_BLOCKS) QS_COMPARE(QsCompareParams P) {
+    // Not sampled: return before the counter protocol (nothing to undo).
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
     __shared__ QsCompareSmem sm;
     qs_compare_body<false>(P, qs_compare_valid(P), sm);
 }
 
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_COMPARE_LOGITS(QsCompareParams P) {
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
     __shared__ QsCompareSmem sm;
     qs_compare_body<true>(P, qs_compare_valid(P) && P.n <= 0xFFFFFFFFull, sm);
 }

@@ -315,6 +315,24 @@ QS_DEVICE bool qs_last_block(qs_u32* counter, qs_u32 expected) {
     return last;
 }
 
+// ---- device-side sampling gate --------------------------------------------------------------------
+// Whether this launch is sampled (graph replays decide per replay, not at capture): every block
+// adds one to the u64 launch counter at gate_ptr, so launch L's blocks read values in
+// [L * blocks, (L + 1) * blocks) and agree on L (launches of one counter are stream-ordered).
+// Launch L is taken when L < first or (every != 0 and (L - first) % every == 0). Block-uniform;
+// all threads call it; a block not taken returns before any other work.
+QS_DEVICE bool qs_gate_take(qs_u64 gate_ptr, qs_u32 first, qs_u32 every) {
+    if (!gate_ptr) return true;
+    __shared__ int qs_gate_taken;
+    if (threadIdx.x == 0) {
+        const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y * gridDim.z;
+        const qs_u64 t = qs_atomic_add_u64((qs_u64*)gate_ptr, 1) / blocks;
+        qs_gate_taken = t < first || (every != 0 && (t - first) % every == 0);
+    }
+    __syncthreads();
+    return qs_gate_taken != 0;
+}
+
 // ---- result ring --------------------------------------------------------------------------------
 // Claims a ticket: fails (and counts a drop) when the host has not consumed `capacity` results.
 QS_DEVICE bool qs_ring_claim(const QsRingDesc& r, qs_u64* ticket) {

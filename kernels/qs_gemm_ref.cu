@@ -462,6 +462,12 @@ QS_DEVICE void qs_gemm_dispatch(const QsRefParams& P) {
     else qs_gemm_body<ROWS, false>(P, sm);
 }
 
-QS_GLOBAL void __launch_bounds__(QS_GEMM_THREADS, 2) QS_GEMM_REF(QsRefParams P) { qs_gemm_dispatch<false>(P); }
+QS_GLOBAL void __launch_bounds__(QS_GEMM_THREADS, 2) QS_GEMM_REF(QsRefParams P) {
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
+    qs_gemm_dispatch<false>(P);
+}
 
-QS_GLOBAL void __launch_bounds__(QS_GEMM_THREADS, 2) QS_GEMM_REF_ROWS(QsRefParams P) { qs_gemm_dispatch<true>(P); }
+QS_GLOBAL void __launch_bounds__(QS_GEMM_THREADS, 2) QS_GEMM_REF_ROWS(QsRefParams P) {
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
+    qs_gemm_dispatch<true>(P);
+}

@@ -4,7 +4,8 @@
 #   tests/gpu/verify_detach.sh [ops] [gate] [mlp] [llama]
 #   ops    torch_ops.py (eager + a captured decode loop) under detach on: outputs bit-identical,
 #          every site checked and passing, the graph's checks as branches
-#   gate   first:1,1/5 inside a CUDA graph with detach on: the copy kernel's device gate
+#   gate   first:1,1/5 inside a CUDA graph: sketch (gated on the stream) and rows (reference and
+#          compare gated on the device): each captured layer checked at replays 0, 1, 6, 11, 16
 #   mlp    overhead_mlp.py: plain, off, sketch all (detach off / on), sketch 1/100 (on), two
 #          interleaved rounds
 #   llama  torch_llama.py --timing (prefill / decode tokens/s): plain, sketch all and 1/100
@@ -45,6 +46,12 @@ for step in $steps; do
     echo "ops gate (detached): run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate.json")"
     grep "Calls:" "$OUT/ops_gate/report.md"
     grep "1x1024x1024" "$OUT/ops_gate/report.md" | grep -v "^| [0-9]* | \`cublas[A-Za-z_]* #" | head -6
+    # Rows mode inside the graph: the reference and the compare gated on the device as well.
+    QUANTSHADOW_SAMPLE="first:1,1/5" quantshadow run --mode rows --label ops-gated-rows --out "$OUT/ops_gate_rows" -- \
+      python3 tests/gpu/torch_ops.py "$OUT/ops_gate_rows.json" >"$OUT/ops_gate_rows.log" 2>&1
+    echo "ops gate (rows): run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate_rows.json")"
+    grep "Calls:" "$OUT/ops_gate_rows/report.md"
+    grep "1x1024x1024" "$OUT/ops_gate_rows/report.md" | grep -v "^| [0-9]* | \`cublas[A-Za-z_]* #" | head -6
     ;;
   mlp)
     for round in 1 2; do

@@ -317,6 +317,26 @@ pub struct QsRefParams {
     pub status_ptr: u64,
     pub round_to_d: u32,
     pub reserved: u32,
+    /// Sampling decided on the device per launch (graph replays): 0 = every launch runs; else
+    /// this launch's u64 counter, with the rule of [`DeviceGate`].
+    pub gate_ptr: u64,
+    pub gate_first: u32,
+    pub gate_every: u32,
+}
+
+/// A launch sampled on the device at every graph replay (qs_device.h `qs_gate_take`): launch L
+/// of the counter at `ptr` runs when L < first or (every != 0 and (L - first) % every == 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceGate {
+    pub ptr: u64,
+    pub first: u32,
+    pub every: u32,
+}
+
+impl DeviceGate {
+    pub fn new(ptr: u64, first: u64, every: u64) -> DeviceGate {
+        DeviceGate { ptr, first: first.min(u32::MAX as u64) as u32, every: every.min(u32::MAX as u64) as u32 }
+    }
 }
 
 #[repr(C)]
@@ -451,6 +471,11 @@ pub struct QsCompareParams {
     pub topk: u32,
     pub block_per_row: u32,
     pub reserved: u32,
+    /// Sampling decided on the device per launch (graph replays): 0 = every launch runs; else
+    /// this launch's u64 counter, with the rule of [`DeviceGate`].
+    pub gate_ptr: u64,
+    pub gate_first: u32,
+    pub gate_every: u32,
 }
 
 #[repr(C)]
@@ -574,7 +599,7 @@ const _: () = {
     assert!(offset_of!(QsResultSlot, prod_top_idx) == 264 && offset_of!(QsResultSlot, ref_top_val) == 456);
     assert!(offset_of!(QsResultSlot, sketch_prod) == 520 && offset_of!(QsResultSlot, sketch_ref) == 776);
     assert!(offset_of!(QsResultSlot, reserved) == 1032);
-    assert!(size_of::<QsRefParams>() == 616);
+    assert!(size_of::<QsRefParams>() == 632);
     assert!(offset_of!(QsRefParams, rows) == 512 && offset_of!(QsRefParams, out_ptr) == 584);
     assert!(size_of::<QsPrepParams>() == 96);
     assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
@@ -585,7 +610,7 @@ const _: () = {
     assert!(size_of::<QsSnapParams>() == 688);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
-    assert!(size_of::<QsCompareParams>() == 256);
+    assert!(size_of::<QsCompareParams>() == 272);
     assert!(offset_of!(QsCompareParams, rows) == 48 && offset_of!(QsCompareParams, ring) == 120);
     assert!(offset_of!(QsCompareParams, m) == 168 && offset_of!(QsCompareParams, kind) == 240);
     assert!(offset_of!(QsCompareParams, block_per_row) == 248);

@@ -6,7 +6,7 @@
 //! stream and replayed. Set-up (programs, weights' projections, buffers) happens outside.
 
 use super::abi::{
-    self, CompareGeometry, KernelBuild, KernelParams, LaunchConfig, QsCompareParams, QsGemmDesc,
+    self, CompareGeometry, DeviceGate, KernelBuild, KernelParams, LaunchConfig, QsCompareParams, QsGemmDesc,
     QsMatrixDesc, QsPrepParams, QsRefParams, QsResultSlot, QsRingCtl, QsRingDesc, QsRingHeader, QsRowSel,
     QsSketchParams, QsWprojParams, SketchGeometry,
 };
@@ -408,6 +408,9 @@ impl GpuChecker {
             topk: r.logits_topk.unwrap_or(0),
             block_per_row: scratch.geometry.block_per_row as u32,
             reserved: 0,
+            gate_ptr: 0,
+            gate_first: 0,
+            gate_every: 0,
         };
         let entry = match r.logits_topk {
             Some(_) => format!("qs_compare_logits_{}", d_format.name()),
@@ -428,10 +431,10 @@ impl GpuChecker {
         stream: Stream,
     ) -> Result<(), DeviceError> {
         match rows {
-            None => self.reference_launch(g, None, out, out_ld, round_to_d, stream),
+            None => self.reference_launch(g, None, out, out_ld, round_to_d, DeviceGate::default(), stream),
             Some((list, count)) => {
                 let sel = QsRowSel::list(g.total_rows(), list.ptr, count);
-                self.reference_launch(g, Some(sel), out, out_ld, round_to_d, stream)
+                self.reference_launch(g, Some(sel), out, out_ld, round_to_d, DeviceGate::default(), stream)
             }
         }
     }
@@ -448,10 +451,26 @@ impl GpuChecker {
         round_to_d: bool,
         stream: Stream,
     ) -> Result<(), DeviceError> {
-        self.reference_launch(g, Some(rows), out, out_ld, round_to_d, stream)
+        self.reference_launch(g, Some(rows), out, out_ld, round_to_d, DeviceGate::default(), stream)
+    }
+
+    /// [`Self::reference_sel`] sampled on the device per launch (`gate`: graph replays).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reference_sel_gated(
+        &self,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        out: &DeviceBuffer,
+        out_ld: u64,
+        round_to_d: bool,
+        gate: DeviceGate,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
+        self.reference_launch(g, Some(rows), out, out_ld, round_to_d, gate, stream)
     }
 
     /// The full reference (`rows` None) or the rows kernel over a selection.
+    #[allow(clippy::too_many_arguments)]
     fn reference_launch(
         &self,
         g: &QsGemmDesc,
@@ -459,6 +478,7 @@ impl GpuChecker {
         out: &DeviceBuffer,
         out_ld: u64,
         round_to_d: bool,
+        gate: DeviceGate,
         stream: Stream,
     ) -> Result<(), DeviceError> {
         let (a, b) = (format_of(g.a.format)?, format_of(g.b.format)?);
@@ -483,6 +503,9 @@ impl GpuChecker {
             status_ptr: 0,
             round_to_d: round_to_d as u32,
             reserved: 0,
+            gate_ptr: gate.ptr,
+            gate_first: gate.first,
+            gate_every: gate.every,
         };
         self.launch(&build, &entry, &cfg, &params, stream)
     }

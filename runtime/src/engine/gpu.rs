@@ -160,6 +160,9 @@ struct SiteGpu {
 struct RowsState {
     reference: DeviceBuffer,
     compare: crate::device::gpu::CompareScratch,
+    /// u64 launch counters of the reference and the compare for per-replay sampling in graphs
+    /// (each kernel counts its own launches and reaches the same decision).
+    gates: DeviceBuffer,
     /// Side-stream checks: copies of the call's per-call inputs and output, and the events
     /// that order them (recorded after the copies on the caller's stream; after the check on
     /// the side stream).
@@ -795,7 +798,11 @@ impl GpuBackend {
                 .checker
                 .compare_scratch(sample.count, g.n, logits)
                 .map_err(|e| Skip::new(format!("compare set-up: {}", pool_reason(&e))))?;
-            site.rows_state.insert(key, RowsState { reference, compare, side: None });
+            let gates = self
+                .checker
+                .alloc_zeroed(16)
+                .map_err(|e| Skip::new(format!("{} set-up: {}", req.mode.name(), pool_reason(&e))))?;
+            site.rows_state.insert(key, RowsState { reference, compare, gates, side: None });
         }
         let state = site.rows_state.get_mut(&key).expect("inserted above");
         let side_stream = if capturing { None } else { self.side_stream };
@@ -807,8 +814,13 @@ impl GpuBackend {
         // The reference reads the epoch; the compare (last kernel of the check) advances it.
         let ref_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, false);
         let cmp_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
+        // In a capture with a sampling rule: decided on the device at every replay.
+        let gate = |which: u64| match req.device_gate.filter(|_| capturing) {
+            Some(rule) => abi::DeviceGate::new(state.gates.ptr + 8 * which, rule.first, rule.every),
+            None => abi::DeviceGate::default(),
+        };
         self.checker
-            .reference_sel(g, ref_rows, &state.reference, g.n, true, run_on)
+            .reference_sel_gated(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
             .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
         let request = CompareRequest {
             d: g.d,
@@ -821,10 +833,14 @@ impl GpuBackend {
             kind: if full { abi::CHECK_FULL } else { abi::CHECK_ROWS },
             tag: (req.site_id, req.call_seq),
         };
-        let prepared = self
+        let mut prepared = self
             .checker
             .prepare_compare(&request, &state.compare)
             .map_err(|e| Skip::new(format!("compare: {}", short(&e.to_string()))))?;
+        let cmp_gate = gate(1);
+        prepared.params.gate_ptr = cmp_gate.ptr;
+        prepared.params.gate_first = cmp_gate.first;
+        prepared.params.gate_every = cmp_gate.every;
         self.checker
             .launch_prepared(&prepared, run_on)
             .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))?;

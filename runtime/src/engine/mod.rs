@@ -361,10 +361,11 @@ impl Engine {
     fn gemm<A: GemmArgs>(&'static self, args: &A, real: &RealCall) -> i32 {
         self.stats.calls_seen.fetch_add(1, Ordering::Relaxed);
         let sampled = self.sampler.take(args.quick_key());
-        // Inside a graph capture a host-side decision would be frozen into every replay: sketch
-        // checks are recorded with the rule instead, and the device decides at each replay.
+        // Inside a graph capture a host-side decision would be frozen into every replay: checks
+        // (sketch, rows, full) are recorded with the rule instead, and the device decides at
+        // each replay.
         let gated = self.config.sampling != config::Sampling::ALL
-            && self.config.mode == Mode::Check(CheckMode::Sketch)
+            && matches!(self.config.mode, Mode::Check(_))
             && self
                 .backend
                 .as_ref()
