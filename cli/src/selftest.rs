@@ -1431,6 +1431,7 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn detached_case(
     checker: &GpuChecker,
     scheme: &str,
@@ -1465,7 +1466,7 @@ fn detached_case(
     if device_alpha {
         g.alpha = abi::QsScalar { value: 0.0, ptr: alpha_buf.ptr, format: Format::F32 as u32, on_device: 1 };
     }
-    let (seed, probes) = (0x5eed_d7, 32);
+    let (seed, probes) = (0x005e_edd7, 32);
     let (fa, fd) = (problem.a.format, problem.d.format);
     let weight = checker.sketch_weight(&g, fa, fd, seed, probes).map_err(|e| es(&e))?;
     let sample = sketch::RowSample::new(seed, g.total_rows(), 256);

@@ -43,7 +43,10 @@ def device_work(dev, digests, errors):
                 torch.nn.functional.linear(static_x, w)  # warm-up outside the capture
         torch.cuda.current_stream(cuda).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the other device's thread keeps running (and copying) meanwhile, which
+        # the default global mode forbids. An explicit stream of this device: torch.cuda.graph's
+        # default capture stream is created once, on whichever device asked first.
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             static_y = torch.nn.functional.linear(static_x, w)
         for _ in range(8):
             static_x.copy_(torch.randn(1, k, device=cuda, dtype=torch.bfloat16, generator=g))
@@ -51,7 +54,10 @@ def device_work(dev, digests, errors):
             h.update(static_y.cpu().view(torch.int16).numpy().tobytes())
         torch.cuda.synchronize(cuda)
         digests[dev] = h.hexdigest()
-    except Exception as e:  # reported, and the run fails
+    except Exception as e:  # reported at once (a failed capture can abort the process later)
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
         errors.append(f"device {dev}: {e!r}")
 
 

@@ -57,7 +57,7 @@ pub struct SnapshotLayout {
 }
 
 fn bits_of(code: u32) -> Result<u64, AbiError> {
-    Format::from_u8(code as u8).map(|f| f.bits() as u64).ok_or_else(|| AbiError::TooLarge {
+    Format::from_u8(code as u8).map(|f| f.bits() as u64).ok_or(AbiError::TooLarge {
         what: "format code",
         value: code as u64,
         limit: 12,
@@ -95,7 +95,6 @@ impl SnapshotLayout {
             QsSnapRegion::default()
         };
         let d = region(padded_row_bytes(g.n, bits_of(g.d.format)?));
-        drop(region);
         let bias_off = if g.bias.ptr != 0 && g.bias.axis == BIAS_ROWS {
             take(padded_row_bytes(count, bits_of(g.bias.format)?))
         } else {

@@ -173,14 +173,16 @@ struct RowsState {
 /// kernel runs on the caller's stream right after the call, the check reads only the copy.
 /// - Eager calls (at least `EAGER_DETACH_MIN_ROWS` sampled rows; fewer are checked on their
 ///   stream, but set up here for later captures): the check runs on the side stream after an
-///   event; two snapshot buffers
-///   alternate, and a call finding both still in use by running checks is skipped (counted),
-///   never waited for.
+///   event; two snapshot buffers alternate, and a call finding both still in use by running
+///   checks is skipped (counted), never waited for. Under back-to-back large GEMMs the side
+///   stream only progresses between them, so most calls are skipped that way (H100, 4096 x
+///   4096 x 4096 called back to back: 25 of 110 calls checked).
 /// - Captured calls (CUDA): the check is a graph branch after the copy node that no later
 ///   node depends on, so replays do not wait for it (only the graph's end does). Each captured
 ///   call of the site within one capture gets its own snapshot buffer (buffers are reused by
 ///   later captures: graphs launched on one stream run one after the other), and the branches
 ///   of one capture are chained, since they share the scratch.
+///
 /// Eager and captured checks have separate scratch (a side-stream check may still run when a
 /// replay starts). Eager copies take their row epoch from the host's count, captured copies
 /// from the device counters (row epoch, device gate) that every replay advances.
@@ -564,6 +566,7 @@ impl GpuBackend {
         let Some(side) = self.side_stream else { return Detach::OnStream };
         let p = &req.call.problem;
         let formats = (p.a.format, p.b.format, p.d.format);
+        #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !detached.contains_key(&sample.count) {
             if capturing {
                 // Set-up allocates zeroed scratch and events: only outside a capture.
