@@ -308,8 +308,8 @@ struct QsSketchParams {
     // flags QS_STATUS_WEIGHT_CHANGED instead of judging against a stale projection. 0 = none.
     qs_u64 snapshot_ptr;
     // Detached check: the QsSnapHeader of the snapshot `g` describes (0: `g` is the call
-    // itself). The check returns at once when the snapshot's gate did not take the launch,
-    // reports the snapshot's epoch and status, and row t as the header's rows[t].
+    // itself). The check reports the snapshot's epoch and status, and row t as the header's
+    // rows[t].
     qs_u64 packed_ptr;
 };
 
@@ -320,11 +320,10 @@ struct QsSketchParams {
 // D row and row bias of sampled row t in the call's own formats. Buffer layout (byte offsets in
 // QsSnapParams): this header, the row list u64[count], then the regions.
 struct QsSnapHeader {
-    qs_u64 take;       // 1: the launch was sampled (device-side gate); 0: the check returns
+    qs_u64 tag;        // launch tag, (epoch mod 2^31) + 1: never 0
     qs_u64 epoch;      // row epoch the rows were drawn at
     qs_u64 scalars[5]; // codes of the device-pointer scalars: alpha, a_ts, b_ts, beta, d_scale
-    qs_u32 status;     // QS_STATUS_* bits of the copy (out-of-bounds reads)
-    qs_u32 reserved;
+    qs_u64 status;     // (tag << 32) | QS_STATUS_* bits of the copy (out-of-bounds reads)
 };
 
 // Packed region of a snapshot: row t at off + t * row_bytes (16-byte aligned rows).
@@ -335,9 +334,10 @@ struct QsSnapRegion {
 
 // qs_sketch_snap_{a}_{d}: grid (count, chunks), QS_BLOCK threads. Block (t, c) copies slice c
 // of each row region of sampled row t; blocks (t, 0) also copy the scale entries and the row
-// bias. Launch counters (u64, zero at set-up, never reset; graph replays): every block adds
-// one, so launch L reads values in [L * blocks, (L + 1) * blocks) and all blocks agree on L
-// without a barrier. Eager calls pass the epoch in rows.epoch_value (epoch_counter_ptr 0).
+// bias. Graph replays count the epoch on the device (epoch_counter_ptr: u64, zero at set-up,
+// never reset): every block adds one, so launch L reads values in [L * blocks, (L + 1) *
+// blocks) and all blocks agree on L without a barrier. Eager calls pass the epoch in
+// rows.epoch_value (epoch_counter_ptr 0).
 struct QsSnapParams {
     QsGemmDesc g;
     QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value) or ALL
@@ -345,9 +345,6 @@ struct QsSnapParams {
     QsSnapRegion a, a_scale, c, d;
     qs_u64 bias_off;   // row bias entries (bias format), count of them
     qs_u64 epoch_counter_ptr;
-    qs_u64 gate_ptr;   // 0: every launch is sampled
-    qs_u32 gate_first;
-    qs_u32 gate_every;
 };
 
 // qs_compare_{d} and qs_compare_logits_{d}: D rows vs the f32 reference rows. Grid-stride over
@@ -474,7 +471,7 @@ static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
 static_assert(sizeof(QsWprojParams) == 176, "QsWprojParams");
 static_assert(sizeof(QsSketchParams) == 768, "QsSketchParams");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
-static_assert(sizeof(QsSnapParams) == 688, "QsSnapParams");
+static_assert(sizeof(QsSnapParams) == 672, "QsSnapParams");
 static_assert(sizeof(QsCompareParams) == 272, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");

@@ -1024,7 +1024,7 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
 // Status bits of a snapshot's copy, when they belong to the launch that took it.
 QS_DEVICE qs_u32 qs_snap_status(const QsSnapHeader* h) {
     const qs_u64 w = h->status;
-    return (w >> 32) == h->take ? (qs_u32)(w & 0xFFFFFFFFull) : 0u;
+    return (w >> 32) == h->tag ? (qs_u32)(w & 0xFFFFFFFFull) : 0u;
 }
 
 QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch) {
@@ -1286,21 +1286,8 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
                        P.k <= P.kp && P.g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_WARPS_PER_BLOCK;
     __shared__ QsSketchSmem sm;  // one copy for the three probe-count instantiations
     QS_TM_BLOCK_START();
-    if (P.gate_ptr) {
-        // Every block adds one to the site's launch counter: launches are stream-ordered, so
-        // the blocks of launch t see values in [t * blocks, (t + 1) * blocks) and all agree on
-        // t. A launch that is not sampled returns before the counter protocol (nothing to undo).
-        __shared__ int qs_take;
-        if (threadIdx.x == 0) {
-            const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
-            const qs_u64 t = qs_atomic_add_u64((qs_u64*)P.gate_ptr, 1) / blocks;
-            qs_take = t < P.gate_first || (P.gate_every != 0 && (t - P.gate_first) % P.gate_every == 0);
-        }
-        __syncthreads();
-        if (!qs_take) return;
-    }
-    // A detached check whose snapshot launch was not sampled: nothing to do (uniform).
-    if (P.packed_ptr && ((const QsSnapHeader*)P.packed_ptr)->take == 0) return;
+    // Not sampled on this replay: return before the counter protocol (nothing to undo).
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
     if (P.snapshot_ptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < QS_WEIGHT_SAMPLES &&
         P.g.b.ptr && qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
         qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
@@ -1328,6 +1315,17 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
 // packed rows hold the call's codes, and the check decodes them exactly as it would in place.
 // ================================================================================================
 #define QS_SKETCH_SNAP QS_CAT5(qs_sketch_snap_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+
+// Stores `code` as element `idx` of a buffer of `bits`-bit codes (8, 16 or 32 bits).
+QS_DEVICE void qs_store_code(qs_u8* dst, qs_u64 idx, qs_u32 bits, qs_u32 code) {
+    if (bits == 8) {
+        dst[idx] = (qs_u8)code;
+    } else if (bits == 16) {
+        ((qs_u16*)dst)[idx] = (qs_u16)code;
+    } else {
+        ((qs_u32*)dst)[idx] = code;
+    }
+}
 
 // Elements [lo, hi) of a row whose element e is at element offset first + e * step of `src`
 // (bits per element, `extent` elements in the buffer) into dst, packed from element 0. The
@@ -1381,13 +1379,7 @@ QS_DEVICE void qs_snap_row(const qs_u8* src, qs_u64 first, qs_u64 step, qs_u64 e
         } else {
             qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
         }
-        if (bits == 8) {
-            dst[e] = (qs_u8)code;
-        } else if (bits == 16) {
-            ((qs_u16*)dst)[e] = (qs_u16)code;
-        } else {
-            ((qs_u32*)dst)[e] = code;
-        }
+        qs_store_code(dst, e, bits, code);
     }
 }
 
@@ -1398,7 +1390,7 @@ QS_DEVICE qs_u64 qs_snap_scalar(const QsScalar& s) {
 }
 
 // The copy's status bits reach the header tagged with the launch: the check takes them only
-// when the tag matches the header's `take` (a buffer never needs zeroing, even one set up while
+// when the tag matches the header's `tag` (a buffer never needs zeroing, even one set up while
 // a stream captures).
 QS_DEVICE void qs_snap_merge_status(QsSnapHeader* hdr, qs_u64 tag, qs_u32 bits) {
     qs_u64* w = (qs_u64*)&hdr->status;
@@ -1448,14 +1440,7 @@ QS_DEVICE void qs_snap_body(const QsSnapParams& P, qs_u64 epoch, qs_u64 st) {
         const qs_u32 bits = qs_fmt_bits(g.a_scale.format);
         qs_u8* dst = out + P.a_scale.off + t * P.a_scale.row_bytes;
         for (qs_u64 ib = threadIdx.x; ib < g.a_scale.grid_inner; ib += blockDim.x) {
-            const qs_u32 code = qs_scale_code(sc, item * sc.batch_stride + qs_scale_entry_index(sc, ob, ib), st);
-            if (bits == 8) {
-                dst[ib] = (qs_u8)code;
-            } else if (bits == 16) {
-                ((qs_u16*)dst)[ib] = (qs_u16)code;
-            } else {
-                ((qs_u32*)dst)[ib] = code;
-            }
+            qs_store_code(dst, ib, bits, qs_scale_code(sc, item * sc.batch_stride + qs_scale_entry_index(sc, ob, ib), st));
         }
     }
     if (threadIdx.x == 0 && g.bias.ptr && g.bias.axis == QS_BIAS_ROWS) {
@@ -1467,49 +1452,32 @@ QS_DEVICE void qs_snap_body(const QsSnapParams& P, qs_u64 epoch, qs_u64 st) {
         } else {
             qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
         }
-        qs_u8* dst = out + P.bias_off;
-        if (bits == 8) {
-            dst[t] = (qs_u8)code;
-        } else if (bits == 16) {
-            ((qs_u16*)dst)[t] = (qs_u16)code;
-        } else {
-            ((qs_u32*)dst)[t] = code;
-        }
+        qs_store_code(out + P.bias_off, t, bits, code);
     }
 }
 
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
     QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
-    const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
-    __shared__ qs_u64 s_epoch, s_tag;
+    __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;  // this block's status bits (qs_flag works on shared addresses)
     if (threadIdx.x == 0) {
-        // Launch number L from a counter every block bumps once: stream order makes the blocks
-        // of one launch see [L * blocks, (L + 1) * blocks). The gate counts every launch, the
-        // epoch counter only the sampled ones.
-        bool take = true;
-        qs_u64 tag = 0;
-        if (P.gate_ptr) {
-            tag = qs_atomic_add_u64((qs_u64*)P.gate_ptr, 1) / blocks;
-            take = tag < P.gate_first || (P.gate_every != 0 && (tag - P.gate_first) % P.gate_every == 0);
-        }
         // Eager calls pass the epoch (the host counts them): no atomic on the copy's critical
-        // path. Graph replays need the device counter.
-        const qs_u64 epoch = !take                 ? 0
-                             : P.epoch_counter_ptr ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) / blocks
-                                                   : P.rows.epoch_value;
-        s_epoch = epoch;
-        s_tag = take ? ((P.gate_ptr ? tag : epoch) & 0x7FFFFFFFull) + 1 : 0;
+        // path. Graph replays take launch L from a counter every block bumps once: stream
+        // order makes the blocks of one launch see [L * blocks, (L + 1) * blocks).
+        const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
+        s_epoch = P.epoch_counter_ptr ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) / blocks
+                                      : P.rows.epoch_value;
         s_status = 0;
     }
     __syncthreads();
-    const qs_u64 tag = s_tag;
+    const qs_u64 epoch = s_epoch;
+    const qs_u64 tag = (epoch & 0x7FFFFFFFull) + 1;
     if (blockIdx.x == 0 && blockIdx.y == 0) {
         if (threadIdx.x == 0) {
-            hdr->take = tag;
-            hdr->epoch = s_epoch;
+            hdr->tag = tag;
+            hdr->epoch = epoch;
         }
-        if (tag && threadIdx.x < 5) {
+        if (threadIdx.x < 5) {
             const QsScalar& sc = threadIdx.x == 0   ? P.g.alpha
                                  : threadIdx.x == 1 ? P.g.a_tensor_scale
                                  : threadIdx.x == 2 ? P.g.b_tensor_scale
@@ -1518,8 +1486,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
             hdr->scalars[threadIdx.x] = qs_snap_scalar(sc);
         }
     }
-    if (!tag) return;
-    qs_snap_body(P, s_epoch, (qs_u64)&s_status);
+    qs_snap_body(P, epoch, (qs_u64)&s_status);
     __syncthreads();
     if (threadIdx.x == 0 && s_status != 0) qs_snap_merge_status(hdr, tag, s_status);
 }

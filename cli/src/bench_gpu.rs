@@ -213,31 +213,18 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
                                     .map_err(|e| e.to_string())?;
                                 // As the shim's eager calls: the host counts the epoch, so each copy
                                 // takes the next rows (not the same, L2-resident ones).
-                                let mut copy = checker
-                                    .prepare_snapshot(
-                                        (a, a, d),
-                                        weight.kp,
+                                let (mut copy, check) = checker
+                                    .prepare_detached(
+                                        &g,
                                         &layout,
-                                        layout.params(
-                                            &g,
-                                            QsRowSel::sample(&sample, 0, 0, false),
-                                            snap.ptr,
-                                            0,
-                                        ),
-                                    )
-                                    .map_err(|e| e.to_string())?;
-                                let mut check = checker
-                                    .prepare_sketch_check(
-                                        &layout.packed_desc(&g, snap.ptr),
-                                        QsRowSel::all(sample.count),
+                                        QsRowSel::sample(&sample, 0, 0, false),
+                                        snap.ptr,
+                                        0,
                                         &weight,
                                         &det_scratch,
-                                        a,
-                                        d,
                                         (1, 0),
                                     )
                                     .map_err(|e| e.to_string())?;
-                                check.params.packed_ptr = snap.ptr;
                                 let copy_ms = time_ms(rt.as_ref(), 50, 5, || {
                                     copy.params.rows.epoch_value += 1;
                                     checker.launch_prepared(&copy, Stream::default())

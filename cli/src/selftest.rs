@@ -1494,32 +1494,15 @@ fn detached_case(
                 st,
             )
             .map_err(|e| es(&e))?;
-        let b = quantshadow_runtime::formats::Format::from_u8(g.b.format as u8).ok_or("b format")?;
-        let copy = checker
-            .prepare_snapshot(
-                (fa, b, fd),
-                weight.kp,
-                &layout,
-                if device_epoch {
-                    layout.params(&g, QsRowSel::sample(&sample, 0, 0, false), snap.ptr, counters.ptr)
-                } else {
-                    layout.params(&g, QsRowSel::sample(&sample, 0, e, false), snap.ptr, 0)
-                },
-            )
+        let (rows, counter) = if device_epoch {
+            (QsRowSel::sample(&sample, 0, 0, false), counters.ptr)
+        } else {
+            (QsRowSel::sample(&sample, 0, e, false), 0)
+        };
+        let (copy, check) = checker
+            .prepare_detached(&g, &layout, rows, snap.ptr, counter, &weight, &detached, (2, e))
             .map_err(|e| es(&e))?;
         checker.launch_prepared(&copy, st).map_err(|e| es(&e))?;
-        let mut check = checker
-            .prepare_sketch_check(
-                &layout.packed_desc(&g, snap.ptr),
-                QsRowSel::all(sample.count),
-                &weight,
-                &detached,
-                fa,
-                fd,
-                (2, e),
-            )
-            .map_err(|e| es(&e))?;
-        check.params.packed_ptr = snap.ptr;
         checker.launch_prepared(&check, st).map_err(|e| es(&e))?;
         checker.runtime().synchronize(st).map_err(|e| es(&e))?;
         let mut ring = checker.ring.lock().unwrap();

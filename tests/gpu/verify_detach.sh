@@ -11,20 +11,8 @@
 #   llama  torch_llama.py --timing (prefill / decode tokens/s): plain, sketch all and 1/100
 #   multi  torch_multi_gpu.py (2 GPUs, a thread each, eager and graph): sketch and rows, outputs
 #          bit-identical, the sites of both devices checked
-set -uo pipefail
-export PATH=$PWD/.gpu/main:$PATH PYTHONUNBUFFERED=1
-export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/qscache} QUANTSHADOW_COMPILE=sync QUANTSHADOW_LOG=${QUANTSHADOW_LOG:-info}
-OUT=${OUT:-/tmp/qsout}
-mkdir -p "$OUT"
+source tests/gpu/common.sh
 steps=${*:-ops gate mlp}
-same() { python3 - "$1" "$2" <<'PY'
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-bad = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.endswith("tok_s")]
-print("identical" if not bad else f"DIFFERENT: {bad[:10]}")
-sys.exit(1 if bad else 0)
-PY
-}
 shim() { LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so "$@"; }
 for step in $steps; do
   case $step in

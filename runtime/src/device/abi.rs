@@ -414,8 +414,8 @@ pub struct QsSketchParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QsSnapHeader {
-    /// 0: the launch was not sampled; else its launch tag.
-    pub take: u64,
+    /// Launch tag, (epoch mod 2^31) + 1: never 0.
+    pub tag: u64,
     pub epoch: u64,
     /// Codes of the device-pointer scalars: alpha, a_ts, b_ts, beta, d_scale.
     pub scalars: [u64; 5],
@@ -443,11 +443,9 @@ pub struct QsSnapParams {
     pub c: QsSnapRegion,
     pub d: QsSnapRegion,
     pub bias_off: u64,
-    /// u64 launch counters, zero at set-up and never reset.
+    /// u64 launch counter of graph replays (zero at set-up, never reset); 0: the epoch is
+    /// `rows.epoch_value`.
     pub epoch_counter_ptr: u64,
-    pub gate_ptr: u64,
-    pub gate_first: u32,
-    pub gate_every: u32,
 }
 
 #[repr(C)]
@@ -607,7 +605,7 @@ const _: () = {
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
     assert!(size_of::<QsSketchParams>() == 768);
     assert!(size_of::<QsSnapHeader>() == 64);
-    assert!(size_of::<QsSnapParams>() == 688);
+    assert!(size_of::<QsSnapParams>() == 672);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
     assert!(size_of::<QsCompareParams>() == 272);

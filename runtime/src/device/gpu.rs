@@ -338,18 +338,36 @@ impl GpuChecker {
         }
     }
 
-    /// The copy kernel of a detached sketch check (`qs_sketch_snap_{a}_{d}`), in the same
-    /// program as the check (`sketch_kp(a, b, d, kp)`).
-    pub fn prepare_snapshot(
+    /// A detached sketch check of the call `g` (`device::snapshot`): the copy kernel
+    /// (`qs_sketch_snap_{a}_{d}`, launched on the caller's stream) of `rows` into the snapshot
+    /// at `base`, and the check over that snapshot (launched after it, anywhere). The row epoch
+    /// comes from `rows.epoch_value`, or from the device counter at `epoch_counter` when not 0
+    /// (graph replays).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_detached(
         &self,
-        formats: (Format, Format, Format),
-        kp: u32,
+        g: &QsGemmDesc,
         layout: &super::snapshot::SnapshotLayout,
-        params: abi::QsSnapParams,
-    ) -> Result<PreparedLaunch<abi::QsSnapParams>, DeviceError> {
-        let (a, b, d) = formats;
-        let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(abi_err)?;
-        self.prepare(&build, &format!("qs_sketch_snap_{}_{}", a.name(), d.name()), layout.launch, params)
+        rows: QsRowSel,
+        base: DevicePtr,
+        epoch_counter: DevicePtr,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        tag: (u64, u64),
+    ) -> Result<(PreparedLaunch<abi::QsSnapParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
+        let (a, b, d) = (format_of(g.a.format)?, format_of(g.b.format)?, format_of(g.d.format)?);
+        let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
+        let copy = self.prepare(
+            &build,
+            &format!("qs_sketch_snap_{}_{}", a.name(), d.name()),
+            layout.launch,
+            layout.params(g, rows, base, epoch_counter),
+        )?;
+        let packed = layout.packed_desc(g, base);
+        let mut check =
+            self.prepare_sketch_check(&packed, QsRowSel::all(layout.count), weight, scratch, a, d, tag)?;
+        check.params.packed_ptr = base;
+        Ok((copy, check))
     }
 
     fn prepare<P: KernelParams>(

@@ -128,9 +128,6 @@ impl SnapshotLayout {
             d: self.d,
             bias_off: self.bias_off,
             epoch_counter_ptr: epoch_counter,
-            gate_ptr: 0,
-            gate_first: 0,
-            gate_every: 0,
         }
     }
 

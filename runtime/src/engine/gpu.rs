@@ -185,11 +185,11 @@ struct RowsState {
 ///
 /// Eager and captured checks have separate scratch (a side-stream check may still run when a
 /// replay starts). Eager copies take their row epoch from the host's count, captured copies
-/// from the device counters (row epoch, device gate) that every replay advances.
+/// from a device counter that every replay advances.
 struct DetachedState {
     layout: crate::device::snapshot::SnapshotLayout,
-    /// u64 [epoch counter, gate counter] of the copy kernel in graphs, zero at set-up.
-    counters: DeviceBuffer,
+    /// u64 row epoch counter of the copy kernel in graphs, zero at set-up.
+    epoch_counter: DeviceBuffer,
     /// Row epoch of the next eager check (counted here: no device atomic per copy).
     eager_epoch: u64,
     eager_scratch: SketchScratch,
@@ -526,9 +526,10 @@ impl GpuBackend {
             .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq))
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
         if let Some(rule) = req.device_gate {
-            prepared.params.gate_ptr = site.epoch.ptr + 8;
-            prepared.params.gate_first = rule.first.min(u32::MAX as u64) as u32;
-            prepared.params.gate_every = rule.every.min(u32::MAX as u64) as u32;
+            let gate = abi::DeviceGate::new(site.epoch.ptr + 8, rule.first, rule.every);
+            prepared.params.gate_ptr = gate.ptr;
+            prepared.params.gate_first = gate.first;
+            prepared.params.gate_every = gate.every;
         }
         self.checker
             .launch_prepared(&prepared, stream)
@@ -564,8 +565,6 @@ impl GpuBackend {
             None
         };
         let Some(side) = self.side_stream else { return Detach::OnStream };
-        let p = &req.call.problem;
-        let formats = (p.a.format, p.b.format, p.d.format);
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !detached.contains_key(&sample.count) {
             if capturing {
@@ -611,27 +610,21 @@ impl GpuBackend {
                     ));
                 };
                 let snap = &mut st.eager[i];
-                let base = snap.buffer.ptr;
                 let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
-                let copy = st.layout.params(g, rows, base, 0);
-                let packed = st.layout.packed_desc(g, base);
-                let copy = match self.checker.prepare_snapshot(formats, weight.kp, &st.layout, copy) {
-                    Ok(c) => c,
-                    Err(e) => return launch_err("copy", e),
-                };
-                let mut check = match self.checker.prepare_sketch_check(
-                    &packed,
-                    QsRowSel::all(sample.count),
+                let prepared = self.checker.prepare_detached(
+                    g,
+                    &st.layout,
+                    rows,
+                    snap.buffer.ptr,
+                    0,
                     weight,
                     &st.eager_scratch,
-                    formats.0,
-                    formats.2,
                     tag,
-                ) {
-                    Ok(c) => c,
-                    Err(e) => return launch_err("check", e),
+                );
+                let (copy, check) = match prepared {
+                    Ok(p) => p,
+                    Err(e) => return launch_err("set-up", e),
                 };
-                check.params.packed_ptr = base;
                 if let Err(e) = self.checker.launch_prepared(&copy, stream) {
                     return launch_err("copy launch", e);
                 }
@@ -676,31 +669,20 @@ impl GpuBackend {
                         }
                     }
                 }
-                let base = st.graph_buffers[st.graph_used].ptr;
-                let mut copy = st.layout.params(g, rows, base, st.counters.ptr);
-                if let Some(rule) = req.device_gate {
-                    copy.gate_ptr = st.counters.ptr + 8;
-                    copy.gate_first = rule.first.min(u32::MAX as u64) as u32;
-                    copy.gate_every = rule.every.min(u32::MAX as u64) as u32;
-                }
-                let packed = st.layout.packed_desc(g, base);
-                let copy = match self.checker.prepare_snapshot(formats, weight.kp, &st.layout, copy) {
-                    Ok(c) => c,
-                    Err(e) => return launch_err("copy", e),
-                };
-                let mut check = match self.checker.prepare_sketch_check(
-                    &packed,
-                    QsRowSel::all(sample.count),
+                let prepared = self.checker.prepare_detached(
+                    g,
+                    &st.layout,
+                    rows,
+                    st.graph_buffers[st.graph_used].ptr,
+                    st.epoch_counter.ptr,
                     weight,
                     &st.graph_scratch,
-                    formats.0,
-                    formats.2,
                     tag,
-                ) {
-                    Ok(c) => c,
-                    Err(e) => return launch_err("check", e),
+                );
+                let (copy, check) = match prepared {
+                    Ok(p) => p,
+                    Err(e) => return launch_err("set-up", e),
                 };
-                check.params.packed_ptr = base;
                 if let Err(e) = self.checker.launch_prepared(&copy, stream) {
                     return launch_err("copy launch", e);
                 }
@@ -731,7 +713,7 @@ impl GpuBackend {
             };
         let fail =
             |e: crate::device::DeviceError| Skip::new(format!("detached sketch set-up: {}", pool_reason(&e)));
-        let counters = self.checker.alloc_zeroed(16).map_err(fail)?;
+        let epoch_counter = self.checker.alloc_zeroed(8).map_err(fail)?;
         let eager_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
         let graph_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
         let mut eager = Vec::with_capacity(EAGER_SNAPSHOTS);
@@ -745,7 +727,7 @@ impl GpuBackend {
         }
         Ok(Some(DetachedState {
             layout,
-            counters,
+            epoch_counter,
             eager_epoch: 0,
             eager_scratch,
             eager,
