@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod config;
 pub mod gpu;
+pub mod graph_select;
 pub mod host;
 pub mod log;
 pub mod per_device;
@@ -138,6 +139,16 @@ pub fn engine() -> Option<&'static Engine> {
         return None;
     }
     Some(e)
+}
+
+/// Counts a skip reason in the running engine's closing record (work outside a GEMM call:
+/// graph launch selection). Never starts the engine.
+pub fn note_skip(reason: &str) {
+    if let Some(Some(e)) = ENGINE.get() {
+        if !FORKED_CHILD.load(Ordering::Relaxed) {
+            e.skip(reason);
+        }
+    }
 }
 
 /// Whether the engine has been started in this process (for tests of inertness).
