@@ -6,9 +6,9 @@
 #          every site checked and passing, the graph's checks as branches
 #   gate   first:1,1/5 inside a CUDA graph: sketch (gated on the stream) and rows (reference and
 #          compare gated on the device): each captured layer checked at replays 0, 1, 6, 11, 16
-#   mlp    overhead_mlp.py: plain, off, sketch all (detach off / on), sketch 1/100 (on), two
-#          interleaved rounds
-#   llama  torch_llama.py --timing (prefill / decode tokens/s): plain, sketch all and 1/100
+#   mlp    overhead_mlp.py: plain, off, sketch all (detach off / on), sketch 1/100 with graph
+#          launch selection off / on, two interleaved rounds
+#   llama  torch_llama.py --timing (prefill / eager decode tokens/s): plain, sketch all and 1/100
 #   multi  torch_multi_gpu.py (2 GPUs, a thread each, eager and graph): sketch and rows, outputs
 #          bit-identical, the sites of both devices checked
 source tests/gpu/common.sh
@@ -29,6 +29,14 @@ for step in $steps; do
     ;;
   gate)
     [ -f "$OUT/ops_plain.json" ] || python3 tests/gpu/torch_ops.py "$OUT/ops_plain.json" >"$OUT/ops_plain.log" 2>&1
+    # The same runs decided on the device (graph launch selection off) first, for comparison.
+    for mode in sketch rows; do
+      QUANTSHADOW_GRAPH_SELECT=off QUANTSHADOW_SAMPLE="first:1,1/5" quantshadow run --mode $mode \
+        --label ops-gated-$mode-device --out "$OUT/ops_gate_${mode}_device" -- \
+        python3 tests/gpu/torch_ops.py "$OUT/ops_gate_${mode}_device.json" >"$OUT/ops_gate_${mode}_device.log" 2>&1
+      echo "ops gate ($mode, device-decided): run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate_${mode}_device.json")"
+      grep "1x1024x1024" "$OUT/ops_gate_${mode}_device/report.md" | grep -v "^| [0-9]* | \`cublas[A-Za-z_]* #" | head -6
+    done
     QUANTSHADOW_SAMPLE="first:1,1/5" quantshadow run --mode sketch --label ops-gated-detached --out "$OUT/ops_gate" -- \
       python3 tests/gpu/torch_ops.py "$OUT/ops_gate.json" >"$OUT/ops_gate.log" 2>&1
     echo "ops gate (detached): run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate.json")"
@@ -40,32 +48,34 @@ for step in $steps; do
     echo "ops gate (rows): run exit $?; outputs $(same "$OUT/ops_plain.json" "$OUT/ops_gate_rows.json")"
     grep "Calls:" "$OUT/ops_gate_rows/report.md"
     grep "1x1024x1024" "$OUT/ops_gate_rows/report.md" | grep -v "^| [0-9]* | \`cublas[A-Za-z_]* #" | head -6
+    grep -h "graph launch selection" "$OUT/ops_gate.log" "$OUT/ops_gate_rows.log"
     ;;
   mlp)
     for round in 1 2; do
-      for cfg in "plain - -" "off all on" "sketch all off" "sketch all on" "sketch 1/100 on"; do
-        set -- $cfg
+      for cfg in ${MLP_CONFIGS:-"plain - - -" "off all on on" "sketch all off on" "sketch all on on" \
+          "sketch 1/100 on off" "sketch 1/100 on on"}; do
+        set -- ${cfg//,/ }
         if [ "$1" = plain ]; then
           r=$(python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
         else
-          r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 shim \
+          r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 QUANTSHADOW_GRAPH_SELECT=$4 shim \
             python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
         fi
-        echo "mlp round $round $1 $2 detach=$3: $r"
+        echo "mlp round $round $1 $2 detach=$3 select=$4: $r"
       done
     done
     ;;
   llama)
-    for cfg in "plain - -" "sketch all on" "sketch 1/100 on" "sketch all off"; do
+    for cfg in ${LLAMA_CONFIGS:-"plain - - -" "sketch all on on" "sketch 1/100 on on"}; do
       set -- $cfg
-      tag="${1}_${2//\//_}_$3"
+      tag="${1}_${2//\//_}_$3_$4"
       if [ "$1" = plain ]; then
         python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
       else
-        QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 shim \
+        QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 QUANTSHADOW_GRAPH_SELECT=$4 shim \
           python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
       fi
-      echo "llama $1 $2 detach=$3: $(grep -E "tok_s" "$OUT/t_$tag.log" | tail -2 | tr '\n' ' ')"
+      echo "llama $1 $2 detach=$3 select=$4: $(grep -E "tok_s" "$OUT/t_$tag.log" | tail -2 | tr '\n' ' ')"
     done
     ;;
   multi)

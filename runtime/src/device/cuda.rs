@@ -93,6 +93,12 @@ fn symbol_present(lib: Lib, name: &str) -> bool {
     }
 }
 
+/// Whether libcuda has `name` (libcuda must have been found present: `CudaRuntime::load`).
+pub(crate) fn driver_symbol_present(name: &str) -> bool {
+    // SAFETY: only dlopen attempts; nothing is called.
+    (unsafe { cu::is_culib_present() }) && symbol_present(Lib::Driver, name)
+}
+
 /// The CUDA driver, loaded and checked.
 pub struct CudaRuntime {
     /// cuEventElapsedTime_v2 (CUDA >= 12.8; the only one in CUDA 13 headers) is present.
@@ -515,6 +521,17 @@ impl GpuRuntime for CudaRuntime {
             return Ok(None);
         }
         Ok(self.capture_info(s)?.map(|(id, _, _)| id))
+    }
+
+    fn last_captured_node(&self, s: Stream) -> Result<Option<(u64, GraphNode)>, DeviceError> {
+        if !self.graph_branches {
+            return Ok(None);
+        }
+        Ok(match self.capture_info(s)? {
+            // Work just enqueued on a capturing stream is its one capture dependency.
+            Some((_, graph, deps)) if deps.len() == 1 => Some((graph as u64, GraphNode(deps[0] as u64))),
+            _ => None,
+        })
     }
 
     unsafe fn launch_graph_branch(

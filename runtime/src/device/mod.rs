@@ -16,6 +16,7 @@ use std::ffi::c_void;
 
 pub mod abi;
 pub mod cuda;
+pub mod cuda_graph;
 pub mod gpu;
 pub mod hip;
 pub mod pool;
@@ -179,6 +180,13 @@ pub trait GpuRuntime: Send + Sync {
     /// Id of the capture in progress on `stream` (None: not capturing, or the runtime cannot
     /// add graph branches, see [`GpuRuntime::launch_graph_branch`]).
     fn capture_id(&self, stream: Stream) -> Result<Option<u64>, DeviceError> {
+        let _ = stream;
+        Ok(None)
+    }
+
+    /// (graph, node) of the work last enqueued on `stream` while it captures: the stream's one
+    /// capture dependency. None when not capturing, unknown, or not a single node.
+    fn last_captured_node(&self, stream: Stream) -> Result<Option<(u64, GraphNode)>, DeviceError> {
         let _ = stream;
         Ok(None)
     }

@@ -159,6 +159,11 @@ pub struct Config {
     /// caller's stream and run off it (side stream, or a graph branch nothing waits for);
     /// `off`: the whole check runs on the caller's stream right after the call.
     pub sketch_detach: bool,
+    /// `QUANTSHADOW_GRAPH_SELECT=on` (default): a CUDA graph whose checks were captured with a
+    /// sampling rule launches, per replay, a plain or a checked clone chosen on the host
+    /// (`engine::graph_select`); `off`: the captured graph runs and its checks decide on the
+    /// device (a gated node per check at every replay).
+    pub graph_select: bool,
     /// `QUANTSHADOW_INJECT`: faults planted on purpose (testing the detector).
     pub inject: Option<Arc<InjectPlan>>,
     /// `QUANTSHADOW_POLICY`: backend rules (and the file's text) recorded with the session for
@@ -279,6 +284,17 @@ impl Config {
                 }
             },
         };
+        let graph_select = match parsed("QUANTSHADOW_GRAPH_SELECT") {
+            None => true,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => {
+                    bad.push(format!("QUANTSHADOW_GRAPH_SELECT={v:?} is not on or off; using on"));
+                    true
+                }
+            },
+        };
         let inject = match get(crate::inject::ENV_VAR) {
             None => None,
             Some(v) => match InjectPlan::from_spec_str(&v) {
@@ -339,6 +355,7 @@ impl Config {
             names,
             sync_compile,
             sketch_detach,
+            graph_select,
             inject,
             policy,
             thresholds: Arc::new(thresholds),
@@ -358,6 +375,7 @@ impl Config {
             ("seed".into(), self.seed.to_string()),
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
             ("sketch_detach".into(), if self.sketch_detach { "on" } else { "off" }.into()),
+            ("graph_select".into(), if self.graph_select { "on" } else { "off" }.into()),
             ("diagnose".into(), self.diagnose.name().into()),
             ("inject".into(), self.inject.as_ref().map_or("none".into(), |p| p.spec_string())),
         ]
@@ -412,6 +430,7 @@ mod tests {
             ("QUANTSHADOW_PROBES", "64"),
             ("QUANTSHADOW_DEVICE", "tpu"),
             ("QUANTSHADOW_SKETCH_DETACH", "sometimes"),
+            ("QUANTSHADOW_GRAPH_SELECT", "maybe"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
         assert!(c.sketch_detach, "an invalid value keeps the default");
@@ -420,7 +439,9 @@ mod tests {
         assert_eq!(c.log, LogLevel::Warn);
         assert_eq!(c.probes, DEFAULT_PROBES);
         assert_eq!(c.device, DeviceChoice::Auto);
-        assert_eq!(c.warnings.len(), 7, "{:?}", c.warnings);
+        assert!(c.graph_select, "an invalid value keeps the default");
+        assert_eq!(c.warnings.len(), 8, "{:?}", c.warnings);
+        assert!(c.warnings.iter().any(|w| w.contains("QUANTSHADOW_GRAPH_SELECT=\"maybe\" is not on or off")));
         assert!(c.warnings.iter().any(|w| w.contains("QUANTSHADOW_MODE=\"fast\"")));
         assert!(c
             .warnings
@@ -437,9 +458,11 @@ mod tests {
             ("QUANTSHADOW_LABEL", "fp8-rowwise"),
             ("QUANTSHADOW_DEVICE", "host"),
             ("QUANTSHADOW_SKETCH_DETACH", "off"),
+            ("QUANTSHADOW_GRAPH_SELECT", "off"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Rows));
         assert!(!c.sketch_detach);
+        assert!(!c.graph_select);
         assert_eq!(c.collector, Some(Address::Unix("/tmp/x.sock".into())));
         assert_eq!(c.label, "fp8-rowwise");
         assert_eq!(c.device, DeviceChoice::Host);

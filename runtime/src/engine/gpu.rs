@@ -41,6 +41,8 @@ pub struct GpuSettings {
     pub sync_compile: bool,
     /// Detached sketch checks (`QUANTSHADOW_SKETCH_DETACH`, see [`DetachedState`]).
     pub sketch_detach: bool,
+    /// Graph launch selection (`QUANTSHADOW_GRAPH_SELECT`, see `engine::graph_select`).
+    pub graph_select: bool,
 }
 
 /// Whether a GPU runtime library is mapped into this process.
@@ -65,6 +67,14 @@ pub fn start_cuda_per_device(
     }
     let rt: Arc<dyn GpuRuntime> =
         Arc::new(crate::device::cuda::CudaRuntime::load().map_err(|e| e.to_string())?);
+    if settings.graph_select {
+        match crate::device::cuda_graph::CudaGraphDriver::load() {
+            Some(d) => {
+                super::graph_select::install(Arc::new(d));
+            }
+            None => super::log::info("graph launch selection off: the driver lacks graph calls (CUDA < 12.3)"),
+        }
+    }
     per_device(rt, "cuda", settings)
 }
 
@@ -533,7 +543,9 @@ impl GpuBackend {
         }
         self.checker
             .launch_prepared(&prepared, stream)
-            .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))
+            .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
+        self.note_check_node(req, stream, Some(gate_field!(abi::QsSketchParams)));
+        Ok(())
     }
 
     /// A detached sketch check (see [`DetachedState`]), or `OnStream` when this call cannot
@@ -807,6 +819,9 @@ impl GpuBackend {
         self.checker
             .reference_sel_gated(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
             .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
+        if capturing {
+            self.note_check_node(req, run_on, Some(gate_field!(abi::QsRefParams)));
+        }
         let request = CompareRequest {
             d: g.d,
             m: g.m,
@@ -829,6 +844,9 @@ impl GpuBackend {
         self.checker
             .launch_prepared(&prepared, run_on)
             .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))?;
+        if capturing {
+            self.note_check_node(req, run_on, Some(gate_field!(abi::QsCompareParams)));
+        }
         if let Some(side) = state.side.as_mut().filter(|_| side_stream.is_some()) {
             self.runtime
                 .record_event(side.done, run_on)
@@ -928,7 +946,32 @@ fn per_call_inputs<'b>(
     ]
 }
 
+/// Where a check kernel's parameter struct keeps its device gate.
+macro_rules! gate_field {
+    ($params:ty) => {
+        super::graph_select::GateField {
+            params_size: std::mem::size_of::<$params>(),
+            gate_offset: std::mem::offset_of!($params, gate_ptr),
+        }
+    };
+}
+use gate_field;
+
 impl GpuBackend {
+    /// Records the work just captured on `stream` for a check sampled per replay (a gated
+    /// check kernel, or with `gate` None a node that only feeds one), so that the graph's
+    /// unsampled replays can launch without it (`graph_select`). Nothing for ungated captures
+    /// (`sample all`): every replay runs their checks.
+    fn note_check_node(&self, req: &CheckRequest, stream: Stream, gate: Option<super::graph_select::GateField>) {
+        let (Some(rule), Some(select)) = (req.device_gate, super::graph_select::get()) else {
+            return;
+        };
+        // A node we cannot name stays in the plain clone too: gated, it only costs time there.
+        if let Ok(Some((graph, node))) = self.runtime.last_captured_node(stream) {
+            select.record(graph, super::graph_select::CheckNode { node: node.0, gate }, rule);
+        }
+    }
+
     /// Whether fault injection rewrites this site's B or B's scales in place.
     fn weights_rewritten(&self, site_id: u64) -> bool {
         self.inject.lock().unwrap_or_else(|e| e.into_inner()).rewrites_weights(site_id)
@@ -1003,6 +1046,9 @@ impl Backend for GpuBackend {
         self.runtime
             .copy_async(copy, req.call.buffers.c, bytes, stream)
             .map_err(|e| Skip::new(format!("copy of C: {}", short(&e.to_string()))))?;
+        if capturing {
+            self.note_check_node(req, stream, None);
+        }
         site.c_saved = Some((req.call_seq, copy));
         Ok(PreCall(Some(Box::new(copy))))
     }

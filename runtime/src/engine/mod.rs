@@ -199,6 +199,7 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
         ring_capacity: 4096,
         sync_compile: config.sync_compile,
         sketch_detach: config.sketch_detach,
+        graph_select: config.graph_select,
     };
     match config.device {
         DeviceChoice::Cuda => {
@@ -883,6 +884,19 @@ impl Engine {
             c.checked,
             c.skipped.iter().map(|s| s.count).sum::<u64>()
         ));
+        if let Some(sel) = graph_select::get() {
+            let st = &sel.stats;
+            let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            if n(&st.graphs_selected) > 0 {
+                log::info(&format!(
+                    "graph launch selection: {} graphs, {} replays checked, {} plain, {} dropped on a change",
+                    n(&st.graphs_selected),
+                    n(&st.replays_checked),
+                    n(&st.replays_plain),
+                    n(&st.dropped_on_update)
+                ));
+            }
+        }
     }
 
     fn skipped_total(&self) -> u64 {

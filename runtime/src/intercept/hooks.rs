@@ -129,6 +129,50 @@ macro_rules! for_each_hook {
                 pfn: *mut *mut c_void, cuda_version: i32, flags: u64);
             cuGetProcAddress_v2: launch::get_proc_address_v2, missing = 500, (symbol: *const std::ffi::c_char,
                 pfn: *mut *mut c_void, cuda_version: i32, flags: u64, symbol_status: *mut i32);
+            // ---- CUDA graphs (`intercept::graph`): per-replay sampling chosen at launch ------
+            // The runtime's cudaGraphInstantiate asks the driver for "cuGraphInstantiate", which
+            // answers with cuGraphInstantiateWithFlags (see `launch::LOOKUP_ALIASES`).
+            cuGraphInstantiateWithFlags: graph::instantiate_with_flags, missing = 500, (exec_out: *mut *mut c_void,
+                graph: *mut c_void, flags: u64);
+            cuGraphInstantiateWithParams: graph::instantiate_with_params, missing = 500, (
+                exec_out: *mut *mut c_void, graph: *mut c_void, params: *mut c_void);
+            cuGraphInstantiateWithParams_ptsz: graph::instantiate_with_params_ptsz, missing = 500, (
+                exec_out: *mut *mut c_void, graph: *mut c_void, params: *mut c_void);
+            cuGraphLaunch: graph::launch, missing = 500, (exec: *mut c_void, stream: *mut c_void);
+            cuGraphLaunch_ptsz: graph::launch_ptsz, missing = 500, (exec: *mut c_void, stream: *mut c_void);
+            cuGraphExecDestroy: graph::exec_destroy, missing = 500, (exec: *mut c_void);
+            cuGraphDestroy: graph::graph_destroy, missing = 500, (graph: *mut c_void);
+            // Changes to an executable after instantiation: the selection is dropped first.
+            cuGraphExecUpdate: graph::exec_update_v1, missing = 500, (exec: *mut c_void, graph: *mut c_void,
+                error_node: *mut *mut c_void, result: *mut i32);
+            cuGraphExecUpdate_v2: graph::exec_update, missing = 500, (exec: *mut c_void, graph: *mut c_void,
+                info: *mut c_void);
+            cuGraphExecKernelNodeSetParams: graph::exec_kernel_params_v1, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *const c_void);
+            cuGraphExecKernelNodeSetParams_v2: graph::exec_kernel_params, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *const c_void);
+            cuGraphExecMemcpyNodeSetParams: graph::exec_memcpy_params, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *const c_void, ctx: *mut c_void);
+            cuGraphExecMemsetNodeSetParams: graph::exec_memset_params, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *const c_void, ctx: *mut c_void);
+            cuGraphExecHostNodeSetParams: graph::exec_host_params, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *const c_void);
+            cuGraphExecChildGraphNodeSetParams: graph::exec_child_params, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, child: *mut c_void);
+            cuGraphExecEventRecordNodeSetEvent: graph::exec_record_event, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, event: *mut c_void);
+            cuGraphExecEventWaitNodeSetEvent: graph::exec_wait_event, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, event: *mut c_void);
+            cuGraphExecExternalSemaphoresSignalNodeSetParams: graph::exec_sema_signal, missing = 500, (
+                exec: *mut c_void, node: *mut c_void, params: *const c_void);
+            cuGraphExecExternalSemaphoresWaitNodeSetParams: graph::exec_sema_wait, missing = 500, (
+                exec: *mut c_void, node: *mut c_void, params: *const c_void);
+            cuGraphExecBatchMemOpNodeSetParams: graph::exec_batch_mem_op, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *const c_void);
+            cuGraphExecNodeSetParams: graph::exec_node_params, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, params: *mut c_void);
+            cuGraphNodeSetEnabled: graph::exec_node_enabled, missing = 500, (exec: *mut c_void,
+                node: *mut c_void, enabled: u32);
             // ---- Kernel launches (`intercept::launch`); `_ptsz`: per-thread default stream ------
             cuLaunchKernel: launch::cu_launch_kernel, missing = 500, (f: *mut c_void, grid_x: u32,
                 grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32, shared_bytes: u32,

@@ -300,6 +300,11 @@ pub fn get_proc_address_v2(a: &hook::cuGetProcAddress_v2::Args, real: &RealCall)
     status
 }
 
+/// Names a lookup asks for that the driver answers with a hooked function of another name
+/// (CUDA >= 12: "cuGraphInstantiate" is cuGraphInstantiateWithFlags). `wrap` still returns
+/// our export only when the answer is exactly that function.
+pub const LOOKUP_ALIASES: &[(&[u8], &str)] = &[(b"cuGraphInstantiate", "cuGraphInstantiateWithFlags")];
+
 /// Replaces the function a successful `cuGetProcAddress*` returned by our export when one
 /// forwards to exactly that function (the `_ptsz` and `_v2` variants included).
 unsafe fn rewrite_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
@@ -308,9 +313,20 @@ unsafe fn rewrite_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
     }
     // SAFETY: see the caller.
     let (name, p) = unsafe { (CStr::from_ptr(symbol).to_bytes(), *pfn) };
-    let Some(i) = dlsym::hook_index(name) else {
+    let alias = LOOKUP_ALIASES.iter().find(|(asked, _)| *asked == name).map(|(_, hooked)| hooked.as_bytes());
+    let Some(i) = dlsym::hook_index(alias.unwrap_or(name)) else {
         return;
     };
+    if alias.is_some() {
+        // Only the very function of the hooked name: never store an answer of another name.
+        if !p.is_null() && crate::intercept::REAL_SLOTS[i].get() == Some(p) {
+            if let Some(w) = dlsym::own_export(i) {
+                // SAFETY: the caller's out-pointer, which the driver just wrote.
+                unsafe { *pfn = w };
+            }
+        }
+        return;
+    }
     match dlsym::wrap(i, p, true) {
         // SAFETY: the caller's out-pointer, which the driver just wrote.
         Some(w) => unsafe { *pfn = w },

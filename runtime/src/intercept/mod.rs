@@ -22,6 +22,7 @@ pub mod common;
 pub mod cublas;
 pub mod cublaslt;
 pub mod dlsym;
+pub mod graph;
 pub mod hipblas;
 pub mod hipblaslt;
 #[macro_use]

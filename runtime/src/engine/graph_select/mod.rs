@@ -173,7 +173,16 @@ impl GraphSelect {
                     self.destroy_selected(&old);
                 }
                 self.any.store(true, Ordering::Release);
-                self.stats.graphs_selected.fetch_add(1, Ordering::Relaxed);
+                let n = self.stats.graphs_selected.fetch_add(1, Ordering::Relaxed);
+                if n < 8 {
+                    super::log::info(&format!(
+                        "graph launch selection: graph of {} nodes, {} check nodes ({} gated) removed from its plain clone, rule {}",
+                        self.driver.nodes(graph).map_or(0, |v| v.len()),
+                        nodes.len(),
+                        nodes.iter().filter(|n| n.gate.is_some()).count(),
+                        rule.describe()
+                    ));
+                }
             }
             Err(reason) => self.refuse(&format!("graph launch selection: {reason}")),
         }
