@@ -20,6 +20,11 @@
 //   disabled    the same kernel node, disabled in the executable graph (cuGraphNodeSetEnabled)
 //   toggle_1_100  the same, enabled by the host before every 100th launch and disabled after
 //               it: a per-replay decision made at launch, per site, with no device node
+//   strip       `body`, then cloned with the body nodes removed the way the shim's graph launch
+//               selection makes its plain clone (predecessors joined to successors)
+//   none_pdl    the GEMVs launched with programmatic dependent launch (as cuBLAS does)
+//   strip_pdl   those GEMVs with body nodes (not stripped: the edges into the GEMVs carry data,
+//               so the shim's strip refuses such a graph; the line says how many)
 // The IF nodes are added to the capturing graph with cuStreamGetCaptureInfo +
 // cuGraphAddNode + cuStreamUpdateCaptureDependencies, and the decide node's parameters are
 // rewritten as later sites appear (the shim would learn its sites the same way).
@@ -194,9 +199,13 @@ static CUfunction compile_decide(int major, int minor) {
     return (CUfunction)f;
 }
 
-enum Variant { NONE, EMPTY, GATED, IF_DEFAULT, IF_1_100, IF_NEVER, IF_ALWAYS, BODY, DISABLED, TOGGLE_1_100, VARIANTS };
-static const char* NAMES[] = {"none",     "empty", "gated",    "if_default", "if_1_100",
-                              "if_never", "if_always", "body", "disabled", "toggle_1_100"};
+enum Variant {
+    NONE, EMPTY, GATED, IF_DEFAULT, IF_1_100, IF_NEVER, IF_ALWAYS, BODY, DISABLED, TOGGLE_1_100,
+    STRIP, NONE_PDL, STRIP_PDL, VARIANTS
+};
+static const char* NAMES[] = {"none",     "empty",     "gated", "if_default", "if_1_100",
+                              "if_never", "if_always", "body",  "disabled",   "toggle_1_100",
+                              "strip",    "none_pdl",  "strip_pdl"};
 
 // An instantiated graph and, for the node-toggling variants, the check-sized body nodes the host
 // enables or disables before a launch (cuGraphNodeSetEnabled on the executable graph).
@@ -317,6 +326,73 @@ static void set_decide_params(CUgraphNode node, CUfunction decide, DecideParams*
     CD(cuGraphKernelNodeSetParams(node, &kp));
 }
 
+// The GEMV launched with programmatic dependent launch, as cuBLAS launches its kernels on sm_90.
+__global__ void k_gemv_pdl(const uint4* __restrict__ w, size_t words, unsigned* sink) {
+    cudaGridDependencySynchronize();
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = w[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+static void launch_gemv_pdl(cudaStream_t stream, const Bufs& b, int g, int sms) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(sms * 4);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, k_gemv_pdl, (const uint4*)b.weights[g], b.words, b.sink));
+}
+
+typedef CUresult (*GetEdgesV2)(CUgraph, CUgraphNode*, CUgraphNode*, CUgraphEdgeData*, size_t*);
+typedef CUresult (*NodeListV2)(CUgraphNode, CUgraphNode*, CUgraphEdgeData*, size_t*);
+typedef CUresult (*AddDepsV2)(CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t);
+
+// Edges of `graph` with non-default data (programmatic ports or types).
+static size_t typed_edges(cudaGraph_t graph) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    auto get_edges = (GetEdgesV2)dlsym(lib, "cuGraphGetEdges_v2");
+    size_t n = 0;
+    CD(get_edges((CUgraph)graph, nullptr, nullptr, nullptr, &n));
+    std::vector<CUgraphNode> from(n), to(n);
+    std::vector<CUgraphEdgeData> data(n);
+    CD(get_edges((CUgraph)graph, from.data(), to.data(), data.data(), &n));
+    size_t typed = 0;
+    for (auto& d : data) typed += d.type != 0 || d.from_port != 0 || d.to_port != 0;
+    return typed;
+}
+
+// The shim's strip: each node removed, its predecessors joined to its successors by plain
+// edges (edge data NULL, as engine::graph_select does).
+static cudaGraph_t clone_and_strip(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    auto deps_of = (NodeListV2)dlsym(lib, "cuGraphNodeGetDependencies_v2");
+    auto dependents_of = (NodeListV2)dlsym(lib, "cuGraphNodeGetDependentNodes_v2");
+    auto add_deps = (AddDepsV2)dlsym(lib, "cuGraphAddDependencies_v2");
+    cudaGraph_t clone;
+    CK(cudaGraphClone(&clone, graph));
+    for (auto n : nodes) {
+        CUgraphNode c;
+        CD(cuGraphNodeFindInClone(&c, (CUgraphNode)n, (CUgraph)clone));
+        size_t np = 0, ns = 0;
+        CD(deps_of(c, nullptr, nullptr, &np));
+        CD(dependents_of(c, nullptr, nullptr, &ns));
+        std::vector<CUgraphNode> pre(np), suc(ns);
+        CD(deps_of(c, pre.data(), nullptr, &np));
+        CD(dependents_of(c, suc.data(), nullptr, &ns));
+        CD(cuGraphDestroyNode(c));
+        for (auto p : pre)
+            for (auto q : suc) CD(add_deps((CUgraph)clone, &p, &q, nullptr, 1));
+    }
+    return clone;
+}
+
 static Exec build(Variant v, cudaStream_t stream, const Bufs& b, CUfunction decide, int sms) {
     CK(cudaMemset(b.counters, 0, 256 * sizeof(unsigned)));
     CK(cudaMemset(b.sink, 0, 16));
@@ -329,13 +405,20 @@ static Exec build(Variant v, cudaStream_t stream, const Bufs& b, CUfunction deci
     CUgraphNode decide_node = nullptr;
     std::vector<cudaGraphNode_t> body_nodes;
     for (int g = 0; g < GEMMS; ++g) {
-        k_gemv<<<sms * 4, 256, 0, stream>>>(b.weights[g], b.words, b.sink);
+        if (v == NONE_PDL || v == STRIP_PDL) {
+            launch_gemv_pdl(stream, b, g, sms);
+        } else {
+            k_gemv<<<sms * 4, 256, 0, stream>>>(b.weights[g], b.words, b.sink);
+        }
         switch (v) {
-        case NONE: break;
+        case NONE:
+        case NONE_PDL: break;
         case EMPTY: k_empty<<<1, 32, 0, stream>>>(); break;
         case GATED: k_gated<<<128, 256, 0, stream>>>(b.counters, g, 100); break;
         case IF_DEFAULT: add_if_node(stream, true, b, sms); break;
         case BODY:
+        case STRIP:
+        case STRIP_PDL:
         case DISABLED:
         case TOGGLE_1_100:
             k_body<<<sms, 256, 0, stream>>>(b.body_data, b.body_words, b.sink);
@@ -352,6 +435,18 @@ static Exec build(Variant v, cudaStream_t stream, const Bufs& b, CUfunction deci
     size_t nodes = 0;
     CK(cudaGraphGetNodes(graph, nullptr, &nodes));
     Exec e;
+    if (v == STRIP || v == STRIP_PDL || v == NONE_PDL) {
+        printf("  %-12s %zu edges with data in the captured graph\n", NAMES[v], typed_edges(graph));
+    }
+    // strip_pdl is not stripped: its edges into the PDL GEMVs carry data, and reading them with
+    // NULL edge data fails (CUDA_ERROR_LOSSY_QUERY), which is where the shim refuses a graph.
+    if (v == STRIP) {
+        cudaGraph_t clone = clone_and_strip(graph, body_nodes);
+        CK(cudaGraphDestroy(graph));
+        graph = clone;
+        CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+        printf("  %-12s %zu edges with data after the strip\n", NAMES[v], typed_edges(graph));
+    }
     CK(cudaGraphInstantiate(&e.exec, graph, 0));
     if (v == DISABLED || v == TOGGLE_1_100) {
         for (auto n : body_nodes) CK(cudaGraphNodeSetEnabled(e.exec, n, 0));
