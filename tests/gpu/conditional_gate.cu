@@ -293,20 +293,26 @@ static CUgraphConditionalHandle add_if_node(cudaStream_t stream, bool assign_def
     return handle;
 }
 
+// The decide kernel's node parameters: one block, a thread per site, `dp` by value.
+static CUDA_KERNEL_NODE_PARAMS decide_params(CUfunction decide, void** args) {
+    CUDA_KERNEL_NODE_PARAMS kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = decide;
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+    kp.blockDimX = MAX_SITES;
+    kp.blockDimY = kp.blockDimZ = 1;
+    kp.kernelParams = args;
+    return kp;
+}
+
 static CUgraphNode add_decide_node(cudaStream_t stream, CUfunction decide, DecideParams* dp) {
     CUstreamCaptureStatus status;
     CUgraph graph;
     const CUgraphNode* deps = nullptr;
     size_t ndeps = 0;
     CD(get_capture_info((CUstream)stream, &status, nullptr, &graph, &deps, nullptr, &ndeps));
-    CUDA_KERNEL_NODE_PARAMS kp;
-    memset(&kp, 0, sizeof kp);
     void* args[] = {dp};
-    kp.func = decide;
-    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
-    kp.blockDimX = MAX_SITES;
-    kp.blockDimY = kp.blockDimZ = 1;
-    kp.kernelParams = args;
+    CUDA_KERNEL_NODE_PARAMS kp = decide_params(decide, args);
     CUgraphNode node;
     std::vector<CUgraphNode> dep_copy(deps, deps + ndeps);
     CD(cuGraphAddKernelNode(&node, graph, dep_copy.data(), ndeps, &kp));
@@ -314,15 +320,10 @@ static CUgraphNode add_decide_node(cudaStream_t stream, CUfunction decide, Decid
     return node;
 }
 
+// Rewritten as later sites appear (the driver copies the values).
 static void set_decide_params(CUgraphNode node, CUfunction decide, DecideParams* dp) {
-    CUDA_KERNEL_NODE_PARAMS kp;
-    memset(&kp, 0, sizeof kp);
     void* args[] = {dp};
-    kp.func = decide;
-    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
-    kp.blockDimX = MAX_SITES;
-    kp.blockDimY = kp.blockDimZ = 1;
-    kp.kernelParams = args;
+    CUDA_KERNEL_NODE_PARAMS kp = decide_params(decide, args);
     CD(cuGraphKernelNodeSetParams(node, &kp));
 }
 

@@ -50,7 +50,10 @@ fn graph(h: u64) -> cu::CUgraph {
 }
 
 /// Reads a node list through `f(ptr, &mut count)`: size query, then fill.
-fn node_list(call: &str, f: impl Fn(*mut cu::CUgraphNode, *mut usize) -> cu::CUresult) -> Result<Vec<u64>, String> {
+fn node_list(
+    call: &str,
+    f: impl Fn(*mut cu::CUgraphNode, *mut usize) -> cu::CUresult,
+) -> Result<Vec<u64>, String> {
     let mut n = 0usize;
     status(call, f(std::ptr::null_mut(), &mut n))?;
     let mut v: Vec<cu::CUgraphNode> = vec![std::ptr::null_mut(); n];
@@ -98,7 +101,9 @@ impl GraphDriver for CudaGraphDriver {
 
     fn find_in_clone(&self, n: u64, clone: u64) -> Result<u64, String> {
         let mut c: cu::CUgraphNode = std::ptr::null_mut();
-        status("cuGraphNodeFindInClone", unsafe { cu::cuGraphNodeFindInClone(&mut c, node(n), graph(clone)) })?;
+        status("cuGraphNodeFindInClone", unsafe {
+            cu::cuGraphNodeFindInClone(&mut c, node(n), graph(clone))
+        })?;
         Ok(c as u64)
     }
 
@@ -133,7 +138,9 @@ impl GraphDriver for CudaGraphDriver {
 
     fn instantiate(&self, g: u64, flags: u64) -> Result<u64, String> {
         let mut e: cu::CUgraphExec = std::ptr::null_mut();
-        status("cuGraphInstantiateWithFlags", unsafe { cu::cuGraphInstantiateWithFlags(&mut e, graph(g), flags) })?;
+        status("cuGraphInstantiateWithFlags", unsafe {
+            cu::cuGraphInstantiateWithFlags(&mut e, graph(g), flags)
+        })?;
         Ok(e as u64)
     }
 
@@ -146,7 +153,9 @@ impl GraphDriver for CudaGraphDriver {
             return Err("gate outside the parameter struct".into());
         }
         let mut p: cu::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-        status("cuGraphKernelNodeGetParams_v2", unsafe { cu::cuGraphKernelNodeGetParams_v2(node(n), &mut p) })?;
+        status("cuGraphKernelNodeGetParams_v2", unsafe {
+            cu::cuGraphKernelNodeGetParams_v2(node(n), &mut p)
+        })?;
         if p.kernelParams.is_null() || !p.extra.is_null() {
             return Err("check node without a kernel parameter array".into());
         }

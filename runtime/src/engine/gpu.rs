@@ -72,7 +72,9 @@ pub fn start_cuda_per_device(
             Some(d) => {
                 super::graph_select::install(Arc::new(d));
             }
-            None => super::log::info("graph launch selection off: the driver lacks graph calls (CUDA < 12.3)"),
+            None => {
+                super::log::info("graph launch selection off: the driver lacks graph calls (CUDA < 12.3)")
+            }
         }
     }
     per_device(rt, "cuda", settings)
@@ -962,7 +964,12 @@ impl GpuBackend {
     /// check kernel, or with `gate` None a node that only feeds one), so that the graph's
     /// unsampled replays can launch without it (`graph_select`). Nothing for ungated captures
     /// (`sample all`): every replay runs their checks.
-    fn note_check_node(&self, req: &CheckRequest, stream: Stream, gate: Option<super::graph_select::GateField>) {
+    fn note_check_node(
+        &self,
+        req: &CheckRequest,
+        stream: Stream,
+        gate: Option<super::graph_select::GateField>,
+    ) {
         let (Some(rule), Some(select)) = (req.device_gate, super::graph_select::get()) else {
             return;
         };

@@ -51,7 +51,8 @@ macro_rules! launch {
         /// A launch of a selected executable runs its plain or checked clone instead, on the
         /// same stream (the `_ptsz` variant keeps the per-thread default stream).
         pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
-            let Some(LaunchAs::Instead(other)) = graph_select::get().map(|s| s.launch_as(a.exec as u64)) else {
+            let Some(LaunchAs::Instead(other)) = graph_select::get().map(|s| s.launch_as(a.exec as u64))
+            else {
                 return real.call();
             };
             let Some(f) = hook::$sym::REAL.get() else {

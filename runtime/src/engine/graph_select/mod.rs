@@ -205,7 +205,8 @@ impl GraphSelect {
         d.destroy_graph(plain_graph);
         let plain = plain?;
         let checked = d.clone_graph(graph).and_then(|checked_graph| {
-            let r = ungate(d.as_ref(), checked_graph, nodes).and_then(|()| d.instantiate(checked_graph, flags));
+            let r =
+                ungate(d.as_ref(), checked_graph, nodes).and_then(|()| d.instantiate(checked_graph, flags));
             d.destroy_graph(checked_graph);
             r
         });
@@ -256,7 +257,9 @@ impl GraphSelect {
         let sel = self.execs.write().unwrap_or_else(|e| e.into_inner()).remove(&exec);
         if let Some(sel) = sel {
             self.stats.dropped_on_update.fetch_add(1, Ordering::Relaxed);
-            self.refuse("graph launch selection: executable changed after instantiation (device-gated from then)");
+            self.refuse(
+                "graph launch selection: executable changed after instantiation (device-gated from then)",
+            );
             self.destroy_selected(&sel);
         }
     }
@@ -282,8 +285,13 @@ impl GraphSelect {
 
     /// Reasons graphs were left device-gated, with counts.
     pub fn refusals(&self) -> Vec<(String, u64)> {
-        let mut v: Vec<_> =
-            self.refusals.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let mut v: Vec<_> = self
+            .refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         v.sort();
         v
     }

@@ -80,7 +80,9 @@ impl Model {
 
 impl GraphDriver for FakeDriver {
     fn nodes(&self, graph: u64) -> Result<Vec<u64>, String> {
-        self.with(|m| m.graphs.get(&graph).map(|g| g.nodes.iter().copied().collect()).ok_or("no graph".into()))
+        self.with(|m| {
+            m.graphs.get(&graph).map(|g| g.nodes.iter().copied().collect()).ok_or("no graph".into())
+        })
     }
     fn has_unclonable_nodes(&self, graph: u64) -> Result<bool, String> {
         self.with(|m| Ok(m.graphs[&graph].memory_nodes))
@@ -108,7 +110,12 @@ impl GraphDriver for FakeDriver {
     }
     fn find_in_clone(&self, node: u64, clone: u64) -> Result<u64, String> {
         self.with(|m| {
-            m.graphs[&clone].origin.iter().find(|(_, &o)| o == node).map(|(&w, _)| w).ok_or("not in clone".into())
+            m.graphs[&clone]
+                .origin
+                .iter()
+                .find(|(_, &o)| o == node)
+                .map(|(&w, _)| w)
+                .ok_or("not in clone".into())
         })
     }
     fn dependencies(&self, node: u64) -> Result<Vec<u64>, String> {
@@ -240,9 +247,7 @@ fn launches_follow_the_sampling_rule_per_executable() {
     sel.on_instantiate(g, e2, 0);
     let checked_of = |e: u64| sel.execs.read().unwrap()[&e].checked;
     let picks = |e: u64| -> Vec<u64> {
-        (0..18)
-            .filter(|_| sel.launch_as(e) == LaunchAs::Instead(checked_of(e)))
-            .collect::<Vec<_>>()
+        (0..18).filter(|_| sel.launch_as(e) == LaunchAs::Instead(checked_of(e))).collect::<Vec<_>>()
     };
     let expected: Vec<u64> = (0..18).filter(|&n| rule.takes(n)).collect();
     assert_eq!(picks(e1), expected);
