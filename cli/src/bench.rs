@@ -55,6 +55,10 @@ pub enum Which {
         #[arg(long, value_delimiter = ',', default_values_t = [quantshadow_runtime::sketch::DEFAULT_PROBES],
               value_parser = clap::value_parser!(u32).range(1..=32))]
         probes: Vec<u32>,
+        /// Sketch section: only these M values (comma-separated), e.g. to profile one case.
+        #[arg(long = "m", value_delimiter = ',', default_values_t = [1u64, 16, 256, 4096],
+              value_parser = clap::value_parser!(u64).range(1..))]
+        sketch_m: Vec<u64>,
     },
     /// Report generation from a run file of this many observations.
     Report {
@@ -82,8 +86,8 @@ pub fn main(args: Args) -> ExitCode {
             bench_collector(&scratch.path, clients as usize, records_per_client, !no_validate)
         }
         // Printed as it goes; nothing more to print at the end.
-        Which::Gpu { only, ring_slots, probes } => {
-            crate::bench_gpu::run(&only, ring_slots, &probes).map(|_| String::new())
+        Which::Gpu { only, ring_slots, probes, sketch_m } => {
+            crate::bench_gpu::run(&only, ring_slots, &probes, &sketch_m).map(|_| String::new())
         }
         Which::Report { records, sites, configurations } => {
             bench_report(&scratch.path, records, sites, configurations)

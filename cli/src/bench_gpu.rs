@@ -79,7 +79,12 @@ fn random_bytes(bytes: usize, seed: u64, format: Format) -> Vec<u8> {
     out
 }
 
-pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<String, String> {
+pub fn run(
+    only: &[String],
+    ring_slots: u32,
+    probe_counts: &[u32],
+    sketch_m: &[u64],
+) -> Result<String, String> {
     for s in only {
         if !["copy", "reference", "sketch", "compare"].contains(&s.as_str()) {
             return Err(format!("unknown section {s:?} (copy, reference, sketch, compare)"));
@@ -163,7 +168,7 @@ pub fn run(only: &[String], ring_slots: u32, probe_counts: &[u32]) -> Result<Str
         ));
         for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
             for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
-                for m in [1u64, 16, 256, 4096] {
+                for &m in sketch_m {
                     let mut p = GemmProblem::row_major(m, n, k, a, a, d);
                     if a.bits() == 8 {
                         p.a_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));

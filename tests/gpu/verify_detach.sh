@@ -7,8 +7,11 @@
 #   gate   first:1,1/5 inside a CUDA graph: sketch (gated on the stream) and rows (reference and
 #          compare gated on the device): each captured layer checked at replays 0, 1, 6, 11, 16
 #   mlp    overhead_mlp.py: plain, off, sketch all (detach off / on), sketch 1/100 with graph
-#          launch selection off / on, two interleaved rounds
+#          launch selection off / on, two interleaved rounds; MLP_CONFIGS picks others, each
+#          "mode,sample,detach,select[,side]" (side: QUANTSHADOW_SIDE_STREAM, default auto)
 #   llama  torch_llama.py --timing (prefill / eager decode tokens/s): plain, sketch all and 1/100
+#   profile graph_profile.py: kernel timeline of one decode-graph replay (profiler), plain and
+#          under the shim (configs in PROFILE_CONFIGS, fields as in MLP_CONFIGS)
 #   multi  torch_multi_gpu.py (2 GPUs, a thread each, eager and graph): sketch and rows, outputs
 #          bit-identical, the sites of both devices checked
 source tests/gpu/common.sh
@@ -58,16 +61,29 @@ for step in $steps; do
         if [ "$1" = plain ]; then
           r=$(python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
         else
-          r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 QUANTSHADOW_GRAPH_SELECT=$4 shim \
-            python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
+          r=$(QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 QUANTSHADOW_GRAPH_SELECT=$4 \
+            QUANTSHADOW_SIDE_STREAM=${5:-auto} shim python3 tests/gpu/overhead_mlp.py 2>/dev/null | grep "^{" | tail -1)
         fi
-        echo "mlp round $round $1 $2 detach=$3 select=$4: $r"
+        echo "mlp round $round $1 $2 detach=$3 select=$4 side=${5:-auto}: $r"
       done
+    done
+    ;;
+  profile)
+    for cfg in ${PROFILE_CONFIGS:-"plain - - -" "observe 1/1000000 on on" "sketch 1/1000000 on on" \
+        "sketch 1/1000000 on off"}; do
+      set -- ${cfg//,/ }
+      tag="$1_${2//\//_}_$3_$4"
+      if [ "$1" = plain ]; then
+        python3 tests/gpu/graph_profile.py "$tag" ${PROFILE_ARGS:-} 2>&1 | grep -v "^STAGE\|Warning" | tee "$OUT/profile_$tag.txt"
+      else
+        QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 QUANTSHADOW_SKETCH_DETACH=$3 QUANTSHADOW_GRAPH_SELECT=$4 \
+          QUANTSHADOW_SIDE_STREAM=${5:-auto} shim python3 tests/gpu/graph_profile.py "$tag" ${PROFILE_ARGS:-} 2>&1 | grep -v "^STAGE\|Warning" | tee "$OUT/profile_$tag.txt"
+      fi
     done
     ;;
   llama)
     for cfg in ${LLAMA_CONFIGS:-"plain - - -" "sketch all on on" "sketch 1/100 on on"}; do
-      set -- $cfg
+      set -- ${cfg//,/ }
       tag="${1}_${2//\//_}_$3_$4"
       if [ "$1" = plain ]; then
         python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1

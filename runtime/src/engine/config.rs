@@ -136,6 +136,48 @@ pub enum LogLevel {
     Debug,
 }
 
+/// `QUANTSHADOW_SIDE_STREAM`: whether eager checks may run off the caller's stream (detached
+/// sketch checks, rows/full references on the side stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideStreamUse {
+    /// Only when the sampling rule is dense (see [`SideStreamUse::enabled_for`]).
+    Auto,
+    On,
+    Off,
+}
+
+/// `auto` uses the side stream for sketch checks only when at least one call in this many is
+/// checked (rows/full references, far longer, always use it). Why: once a
+/// process has run work on an extra stream, the CUDA driver spaces the kernels of every later
+/// graph replay further apart (H100, driver 580: +0.4 us per kernel, +2.4% on a 6-GEMV decode
+/// step; reproduced without the shim by one small kernel on a third stream,
+/// docs/measurements/2026-11-25-h100-side-stream.md). A sparse rule checks too few calls for
+/// the side stream to win that back: on the stream, 1 in 100 checks costs ~0.2% of the calls.
+pub const SIDE_STREAM_MIN_RATE_DENOM: u64 = 8;
+
+impl SideStreamUse {
+    pub fn enabled_for(self, sampling: Sampling, mode: Mode) -> bool {
+        match self {
+            SideStreamUse::On => true,
+            SideStreamUse::Off => false,
+            // A rows/full reference is a GEMM of its own (milliseconds at decode sizes on the
+            // caller's stream, where a sketch check takes ~20 us): off the stream at any rate.
+            SideStreamUse::Auto => match mode {
+                Mode::Check(CheckMode::Rows | CheckMode::Full) => true,
+                _ => sampling.every != 0 && sampling.every <= SIDE_STREAM_MIN_RATE_DENOM,
+            },
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SideStreamUse::Auto => "auto",
+            SideStreamUse::On => "on",
+            SideStreamUse::Off => "off",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub mode: Mode,
@@ -164,6 +206,10 @@ pub struct Config {
     /// (`engine::graph_select`); `off`: the captured graph runs and its checks decide on the
     /// device (a gated node per check at every replay).
     pub graph_select: bool,
+    /// `QUANTSHADOW_SIDE_STREAM=auto` (default): rows/full references run off the caller's
+    /// stream, eager sketch checks only under a dense sampling rule (see [`SideStreamUse`]);
+    /// `on`: both always; `off`: never (every check on the caller's stream).
+    pub side_stream: SideStreamUse,
     /// `QUANTSHADOW_INJECT`: faults planted on purpose (testing the detector).
     pub inject: Option<Arc<InjectPlan>>,
     /// `QUANTSHADOW_POLICY`: backend rules (and the file's text) recorded with the session for
@@ -295,6 +341,18 @@ impl Config {
                 }
             },
         };
+        let side_stream = match parsed("QUANTSHADOW_SIDE_STREAM") {
+            None => SideStreamUse::Auto,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => SideStreamUse::Auto,
+                "on" | "1" | "true" => SideStreamUse::On,
+                "off" | "0" | "false" => SideStreamUse::Off,
+                _ => {
+                    bad.push(format!("QUANTSHADOW_SIDE_STREAM={v:?} is not auto, on or off; using auto"));
+                    SideStreamUse::Auto
+                }
+            },
+        };
         let inject = match get(crate::inject::ENV_VAR) {
             None => None,
             Some(v) => match InjectPlan::from_spec_str(&v) {
@@ -356,6 +414,7 @@ impl Config {
             sync_compile,
             sketch_detach,
             graph_select,
+            side_stream,
             inject,
             policy,
             thresholds: Arc::new(thresholds),
@@ -376,6 +435,14 @@ impl Config {
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
             ("sketch_detach".into(), if self.sketch_detach { "on" } else { "off" }.into()),
             ("graph_select".into(), if self.graph_select { "on" } else { "off" }.into()),
+            (
+                "side_stream".into(),
+                format!(
+                    "{} ({})",
+                    self.side_stream.name(),
+                    if self.side_stream.enabled_for(self.sampling, self.mode) { "used" } else { "not used" }
+                ),
+            ),
             ("diagnose".into(), self.diagnose.name().into()),
             ("inject".into(), self.inject.as_ref().map_or("none".into(), |p| p.spec_string())),
         ]
@@ -421,6 +488,35 @@ mod tests {
     }
 
     #[test]
+    fn side_stream_auto_follows_the_sampling_density() {
+        let auto = SideStreamUse::Auto;
+        let sketch = Mode::Check(CheckMode::Sketch);
+        let sparse = Sampling { first: 0, every: 100 };
+        assert!(auto.enabled_for(Sampling::ALL, sketch));
+        assert!(auto.enabled_for(Sampling { first: 0, every: SIDE_STREAM_MIN_RATE_DENOM }, sketch));
+        assert!(!auto.enabled_for(Sampling { first: 0, every: SIDE_STREAM_MIN_RATE_DENOM + 1 }, sketch));
+        assert!(!auto.enabled_for(sparse, sketch));
+        assert!(!auto.enabled_for(Sampling { first: 5, every: 0 }, sketch), "first:K alone is sparse");
+        for mode in [Mode::Check(CheckMode::Rows), Mode::Check(CheckMode::Full)] {
+            assert!(auto.enabled_for(sparse, mode), "references stay off the stream: {mode:?}");
+        }
+        assert!(SideStreamUse::On.enabled_for(sparse, sketch));
+        assert!(!SideStreamUse::Off.enabled_for(Sampling::ALL, Mode::Check(CheckMode::Rows)));
+        assert_eq!(cfg(&[]).side_stream, SideStreamUse::Auto);
+        for (v, want) in
+            [("on", SideStreamUse::On), ("OFF", SideStreamUse::Off), (" auto ", SideStreamUse::Auto)]
+        {
+            let c = cfg(&[("QUANTSHADOW_SIDE_STREAM", v)]);
+            assert_eq!(c.side_stream, want, "{v}");
+            assert!(c.warnings.is_empty());
+        }
+        let settings = cfg(&[("QUANTSHADOW_SAMPLE", "1/100")]).settings();
+        assert!(settings.contains(&("side_stream".into(), "auto (not used)".into())), "{settings:?}");
+        let settings = cfg(&[("QUANTSHADOW_SAMPLE", "1/100"), ("QUANTSHADOW_MODE", "rows")]).settings();
+        assert!(settings.contains(&("side_stream".into(), "auto (used)".into())), "{settings:?}");
+    }
+
+    #[test]
     fn invalid_values_warn_and_fall_back() {
         let c = cfg(&[
             ("QUANTSHADOW_MODE", "fast"),
@@ -431,6 +527,7 @@ mod tests {
             ("QUANTSHADOW_DEVICE", "tpu"),
             ("QUANTSHADOW_SKETCH_DETACH", "sometimes"),
             ("QUANTSHADOW_GRAPH_SELECT", "maybe"),
+            ("QUANTSHADOW_SIDE_STREAM", "sideways"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
         assert!(c.sketch_detach, "an invalid value keeps the default");
@@ -440,7 +537,12 @@ mod tests {
         assert_eq!(c.probes, DEFAULT_PROBES);
         assert_eq!(c.device, DeviceChoice::Auto);
         assert!(c.graph_select, "an invalid value keeps the default");
-        assert_eq!(c.warnings.len(), 8, "{:?}", c.warnings);
+        assert_eq!(c.side_stream, SideStreamUse::Auto, "an invalid value keeps the default");
+        assert_eq!(c.warnings.len(), 9, "{:?}", c.warnings);
+        assert!(c
+            .warnings
+            .iter()
+            .any(|w| w.contains("QUANTSHADOW_SIDE_STREAM=\"sideways\" is not auto, on or off")));
         assert!(c.warnings.iter().any(|w| w.contains("QUANTSHADOW_GRAPH_SELECT=\"maybe\" is not on or off")));
         assert!(c.warnings.iter().any(|w| w.contains("QUANTSHADOW_MODE=\"fast\"")));
         assert!(c

@@ -43,6 +43,9 @@ pub struct GpuSettings {
     pub sketch_detach: bool,
     /// Graph launch selection (`QUANTSHADOW_GRAPH_SELECT`, see `engine::graph_select`).
     pub graph_select: bool,
+    /// Eager checks may run off the caller's stream (`QUANTSHADOW_SIDE_STREAM` decided for the
+    /// sampling rule, see `config::SideStreamUse`). Without it the backend has no side stream.
+    pub side_stream: bool,
 }
 
 /// Whether a GPU runtime library is mapped into this process.
@@ -333,13 +336,20 @@ impl GpuBackend {
             checker.info.arch,
             s.pool_bytes >> 20
         ));
-        let side_stream = match runtime.create_side_stream() {
-            Ok(st) => Some(st),
-            Err(e) => {
-                super::log::warn(&format!(
-                    "no side stream ({e}); rows/full checks run on the caller's stream"
-                ));
-                None
+        let side_stream = if !s.side_stream {
+            super::log::info(
+                "side stream not used (QUANTSHADOW_SIDE_STREAM, sampling rule): every check runs on its caller's stream",
+            );
+            None
+        } else {
+            match runtime.create_side_stream() {
+                Ok(st) => Some(st),
+                Err(e) => {
+                    super::log::warn(&format!(
+                        "no side stream ({e}); rows/full checks run on the caller's stream"
+                    ));
+                    None
+                }
             }
         };
         Ok(GpuBackend {

@@ -200,6 +200,7 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
         sync_compile: config.sync_compile,
         sketch_detach: config.sketch_detach,
         graph_select: config.graph_select,
+        side_stream: config.side_stream.enabled_for(config.sampling, config.mode),
     };
     match config.device {
         DeviceChoice::Cuda => {

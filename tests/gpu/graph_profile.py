@@ -1,0 +1,113 @@
+"""Kernel-level timeline of a CUDA-graph decode step (the overhead_mlp.py layers), through
+PyTorch's profiler (CUPTI sees the kernels inside graph replays).
+
+    python3 tests/gpu/graph_profile.py [label] [--eager-first] [--side-work | --side-wait] [--after]
+
+Replays the captured step 40 times under the profiler and prints, per kernel position in a
+replay: the kernel's name, its mean duration and the mean gap since the previous kernel of the
+replay ended; then the mean replay span (first start to last end) and the mean gap between
+replays. --eager-first runs overhead_mlp.py's eager prefill and decode passes before the capture,
+as that script does. --side-work adds, after each eager pass, a small kernel on a third stream;
+--side-wait makes that stream wait for the pass first (an event), as the shim's detached checks
+do: without the shim they show whether such work alone changes later replays. --after runs
+those passes after the capture instead of before it. Run with and without the shim: a per-replay cost that is not in the kernels' durations
+is in the gaps, and a kernel that differs shows by name.
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from overhead_mlp import make_layers  # noqa: E402
+
+REPLAYS = 40
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    label = args[0] if args else "run"
+    forward = make_layers()
+    xp = torch.randn(512, 4096, device="cuda").to(torch.bfloat16)
+    xd = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
+    side = torch.cuda.Stream()
+    side_work = "--side-work" in sys.argv or "--side-wait" in sys.argv
+
+    def eager_passes():
+        for x in (xp, xd):
+            for _ in range(5 + 7 * 50):
+                y = forward(x)
+                if side_work:
+                    if "--side-wait" in sys.argv:
+                        ev = torch.cuda.Event()
+                        ev.record()
+                        side.wait_event(ev)
+                    with torch.cuda.stream(side):
+                        y[:1].sum()
+        torch.cuda.synchronize()
+
+    after = "--after" in sys.argv
+    if ("--eager-first" in sys.argv or side_work) and not after:
+        eager_passes()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            forward(xd)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        forward(xd)
+    if after:
+        eager_passes()
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    # First without the profiler, as overhead_mlp.py times it: events around 50 replays.
+    trials = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(50):
+            g.replay()
+        b.record()
+        b.synchronize()
+        trials.append(a.elapsed_time(b) * 1e3 / 50)
+    print(f"{label}: {statistics.median(trials):.2f} us per replay without the profiler (median of 7 x 50)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPLAYS):
+            g.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        trace = json.load(open(path))
+    gpu = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    gpu.sort(key=lambda e: e["ts"])
+    if not gpu or len(gpu) % REPLAYS:
+        print(f"{label}: {len(gpu)} GPU events for {REPLAYS} replays; names: {sorted({e['name'][:40] for e in gpu})[:12]}")
+        if not gpu:
+            return
+    per = len(gpu) // REPLAYS
+    replays = [gpu[r * per:(r + 1) * per] for r in range(REPLAYS)]
+    print(f"{label}: {per} GPU operations per replay")
+    print("| pos | kernel | mean dur (us) | mean gap before (us) |")
+    print("| --- | --- | --- | --- |")
+    for p in range(per):
+        durs = [rp[p]["dur"] for rp in replays]
+        gaps = [rp[p]["ts"] - (rp[p - 1]["ts"] + rp[p - 1]["dur"]) for rp in replays] if p else []
+        name = replays[0][p]["name"]
+        print(f"| {p} | {name[:70]} | {statistics.mean(durs):.2f} | {statistics.mean(gaps):.2f} |" if gaps
+              else f"| {p} | {name[:70]} | {statistics.mean(durs):.2f} | - |")
+    spans = [rp[-1]["ts"] + rp[-1]["dur"] - rp[0]["ts"] for rp in replays]
+    between = [replays[r][0]["ts"] - (replays[r - 1][-1]["ts"] + replays[r - 1][-1]["dur"]) for r in range(1, REPLAYS)]
+    kernel_sum = statistics.mean(sum(e["dur"] for e in rp) for rp in replays)
+    print(f"{label}: replay span {statistics.median(spans):.2f} us (median), kernels {kernel_sum:.2f} us, "
+          f"gap between replays {statistics.median(between):.2f} us (median)")
+
+
+if __name__ == "__main__":
+    main()
