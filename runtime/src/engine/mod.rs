@@ -494,14 +494,16 @@ impl Engine {
             }
         }
         if diagnose_now {
-            match backend.diagnose(&request) {
-                Ok(()) => self.diagnosis_started(site.id),
-                Err(skip) => {
-                    // Compiles and captures pass by themselves: those declines are not counted.
-                    let passing = skip.0.starts_with("warming up") || skip.0.starts_with("graph capture");
-                    self.skip(&format!("diagnosis: {}", skip.0));
-                    self.diagnosis_declined(site.id, !passing);
-                }
+            // Counted as started before the backend runs it: the poller may receive its result
+            // (the host backend's at once) before `diagnose` returns, and a result counted first
+            // would leave the running count at 1 and hold the exit for the whole grace period.
+            self.diagnosis_started(site.id);
+            if let Err(skip) = backend.diagnose(&request) {
+                self.diagnosis_not_started(site.id);
+                // Compiles and captures pass by themselves: those declines are not counted.
+                let passing = skip.0.starts_with("warming up") || skip.0.starts_with("graph capture");
+                self.skip(&format!("diagnosis: {}", skip.0));
+                self.diagnosis_declined(site.id, !passing);
             }
         }
         status
@@ -590,6 +592,15 @@ impl Engine {
         self.diagnoses_running.fetch_add(1, Ordering::Relaxed);
         let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(site_id).or_default().started += 1;
+    }
+
+    /// Undoes [`Self::diagnosis_started`] for a pass the backend declined to start.
+    fn diagnosis_not_started(&self, site_id: u64) {
+        let _ =
+            self.diagnoses_running.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
+        let state = map.entry(site_id).or_default();
+        state.started = state.started.saturating_sub(1);
     }
 
     /// The backend declined this call's diagnosis (`counts`: for a reason that will not pass by
