@@ -22,7 +22,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_mlp import make_layers  # noqa: E402
+from overhead_mlp import capture_decode, make_layers, timed  # noqa: E402
 
 REPLAYS = 40
 
@@ -52,31 +52,11 @@ def main():
     after = "--after" in sys.argv
     if ("--eager-first" in sys.argv or side_work) and not after:
         eager_passes()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            forward(xd)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        forward(xd)
+    g = capture_decode(forward, xd)
     if after:
         eager_passes()
-    for _ in range(10):
-        g.replay()
-    torch.cuda.synchronize()
-    # First without the profiler, as overhead_mlp.py times it: events around 50 replays.
-    trials = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(50):
-            g.replay()
-        b.record()
-        b.synchronize()
-        trials.append(a.elapsed_time(b) * 1e3 / 50)
-    print(f"{label}: {statistics.median(trials):.2f} us per replay without the profiler (median of 7 x 50)")
+    # First without the profiler, as overhead_mlp.py times it (its warm-up replays included).
+    print(f"{label}: {timed(g.replay):.2f} us per replay without the profiler (median of 7 x 50)")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(REPLAYS):
             g.replay()

@@ -29,28 +29,25 @@ def make_layers():
     return forward
 
 
-def main():
-    dev = "cuda"
-    forward = make_layers()
-
-    def timed(fn, passes=50, trials=7):
-        for _ in range(5):
+def timed(fn, passes=50, trials=7):
+    """Microseconds per call of fn: median of `trials` event-timed runs of `passes` calls."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(passes):
             fn()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(trials):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(passes):
-                fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3 / passes)
-        return statistics.median(out)
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / passes)
+    return statistics.median(out)
 
-    xp = torch.randn(512, 4096, device=dev).to(torch.bfloat16)
-    xd = torch.randn(1, 4096, device=dev).to(torch.bfloat16)
-    result = {"prefill_us": timed(lambda: forward(xp)), "decode_eager_us": timed(lambda: forward(xd))}
+
+def capture_decode(forward, xd):
+    """The decode step captured as PyTorch does it: warm-up on a side stream, then the graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -60,6 +57,16 @@ def main():
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         forward(xd)
+    return g
+
+
+def main():
+    dev = "cuda"
+    forward = make_layers()
+    xp = torch.randn(512, 4096, device=dev).to(torch.bfloat16)
+    xd = torch.randn(1, 4096, device=dev).to(torch.bfloat16)
+    result = {"prefill_us": timed(lambda: forward(xp)), "decode_eager_us": timed(lambda: forward(xd))}
+    g = capture_decode(forward, xd)
     result["decode_graph_us"] = timed(g.replay)
     print(json.dumps(result))
 

@@ -178,6 +178,15 @@ impl SideStreamUse {
     }
 }
 
+/// A switch value: `on`/`1`/`true` or `off`/`0`/`false` (any case, spaces trimmed).
+fn on_off(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Some(true),
+        "off" | "0" | "false" => Some(false),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub mode: Mode,
@@ -321,33 +330,25 @@ impl Config {
         };
         let sketch_detach = match parsed("QUANTSHADOW_SKETCH_DETACH") {
             None => true,
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => true,
-                "off" | "0" | "false" => false,
-                _ => {
-                    bad.push(format!("QUANTSHADOW_SKETCH_DETACH={v:?} is not on or off; using on"));
-                    true
-                }
-            },
+            Some(v) => on_off(&v).unwrap_or_else(|| {
+                bad.push(format!("QUANTSHADOW_SKETCH_DETACH={v:?} is not on or off; using on"));
+                true
+            }),
         };
         let graph_select = match parsed("QUANTSHADOW_GRAPH_SELECT") {
             None => true,
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => true,
-                "off" | "0" | "false" => false,
-                _ => {
-                    bad.push(format!("QUANTSHADOW_GRAPH_SELECT={v:?} is not on or off; using on"));
-                    true
-                }
-            },
+            Some(v) => on_off(&v).unwrap_or_else(|| {
+                bad.push(format!("QUANTSHADOW_GRAPH_SELECT={v:?} is not on or off; using on"));
+                true
+            }),
         };
         let side_stream = match parsed("QUANTSHADOW_SIDE_STREAM") {
             None => SideStreamUse::Auto,
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "auto" => SideStreamUse::Auto,
-                "on" | "1" | "true" => SideStreamUse::On,
-                "off" | "0" | "false" => SideStreamUse::Off,
-                _ => {
+            Some(v) if v.trim().eq_ignore_ascii_case("auto") => SideStreamUse::Auto,
+            Some(v) => match on_off(&v) {
+                Some(true) => SideStreamUse::On,
+                Some(false) => SideStreamUse::Off,
+                None => {
                     bad.push(format!("QUANTSHADOW_SIDE_STREAM={v:?} is not auto, on or off; using auto"));
                     SideStreamUse::Auto
                 }

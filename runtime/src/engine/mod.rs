@@ -594,10 +594,15 @@ impl Engine {
         map.entry(site_id).or_default().started += 1;
     }
 
-    /// Undoes [`Self::diagnosis_started`] for a pass the backend declined to start.
-    fn diagnosis_not_started(&self, site_id: u64) {
+    /// One diagnosis pass fewer running (never below zero).
+    fn diagnosis_ended(&self) {
         let _ =
             self.diagnoses_running.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// Undoes [`Self::diagnosis_started`] for a pass the backend declined to start.
+    fn diagnosis_not_started(&self, site_id: u64) {
+        self.diagnosis_ended();
         let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
         let state = map.entry(site_id).or_default();
         state.started = state.started.saturating_sub(1);
@@ -634,9 +639,7 @@ impl Engine {
 
     fn diagnosis_received(&self, site_id: u64, started_here: bool) {
         if started_here {
-            let _ = self
-                .diagnoses_running
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            self.diagnosis_ended();
         }
         let mut map = self.diagnoses.lock().unwrap_or_else(|e| e.into_inner());
         let state = map.entry(site_id).or_default();
@@ -757,9 +760,7 @@ impl Engine {
                     self.send_diagnosis(*d);
                 }
                 Polled::DiagnosisFailed { site_id, reason } => {
-                    let _ = self
-                        .diagnoses_running
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                    self.diagnosis_ended();
                     self.skip(&format!("diagnosis: {reason}"));
                     self.diagnosis_declined(site_id, true);
                 }
