@@ -12,7 +12,7 @@
 #pragma once
 #include "qs_portability.h"
 
-#define QS_ABI_VERSION 1u
+#define QS_ABI_VERSION 2u
 #define QS_MAX_PROBES 32
 #define QS_MAX_TOPK 16
 #define QS_MAX_SPLITS 64 /* gridDim.y of qs_sketch_check */
@@ -167,8 +167,9 @@ struct QsRingHeader {
 
 // In device memory (atomics on mapped host memory are not atomic across the bus).
 struct QsRingCtl {
-    qs_u64 head;    // next ticket
-    qs_u64 dropped; // results not written because the ring was full
+    qs_u64 head;          // next ticket
+    qs_u64 dropped;       // results not written because the ring was full
+    qs_u64 consumed_seen; // last QsRingHeader::consumed read across the bus (a lower bound)
 };
 
 struct QsRingDesc {
@@ -180,8 +181,11 @@ struct QsRingDesc {
 };
 
 // One result. The finishing block claims ticket T (head - consumed < capacity, else the result
-// is dropped and counted), writes slot T % capacity, fences at system scope and then writes
-// ready = T + 1. The poller reads slot (c % capacity) once its ready == c + 1, then publishes
+// is dropped and counted; `consumed` is read across the bus only when the device's copy of it
+// says the ring is full), then writes slot T % capacity with ready = T + 1 and `check`, a hash
+// of every other word (qs_slot_check), without any system-scope fence: the words may reach
+// host memory in any order. The poller takes slot (c % capacity) once ready == c + 1 and the
+// hash of what it read matches `check` (else it reads again later), then publishes
 // consumed = c + 1; a slot is never rewritten before it was consumed.
 //
 // Sketch slots: the MetricSums fields are over the (row, probe) pairs (y_ip, x_ip) with
@@ -218,7 +222,8 @@ struct QsResultSlot {
     // Sketch fingerprints: sum over the sampled rows of y_ip and x_ip (finite pairs only).
     qs_f64 sketch_prod[QS_MAX_PROBES];
     qs_f64 sketch_ref[QS_MAX_PROBES];
-    qs_u64 reserved[15];
+    qs_u64 reserved[14];
+    qs_u64 check; // qs_slot_check of the other words, written with them (no fence)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -463,7 +468,7 @@ static_assert(sizeof(QsBiasDesc) == 24, "QsBiasDesc");
 static_assert(sizeof(QsGemmDesc) == 512, "QsGemmDesc");
 static_assert(sizeof(QsRowSel) == 72, "QsRowSel");
 static_assert(sizeof(QsRingHeader) == 64, "QsRingHeader");
-static_assert(sizeof(QsRingCtl) == 16, "QsRingCtl");
+static_assert(sizeof(QsRingCtl) == 24, "QsRingCtl");
 static_assert(sizeof(QsRingDesc) == 32, "QsRingDesc");
 static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
 static_assert(sizeof(QsRefParams) == 632, "QsRefParams");

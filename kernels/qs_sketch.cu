@@ -286,6 +286,7 @@ struct QsSketchSmem {
     qs_u64 rkey[QS_WARPS_PER_BLOCK];      // ~rank key, 0 = no row
     double fy[QS_WARPS_PER_BLOCK][QS_MAX_PROBES];
     double fx[QS_WARPS_PER_BLOCK][QS_MAX_PROBES];
+    double share[QS_WARPS_PER_BLOCK][3][QS_MAX_PROBES];  // a lone row's split sums per warp
     qs_u64 totals[sizeof(QsSketchTotals) / 8];
 #if QS_HAVE_MMA
     // Tensor-core path: each warp's f32 projections of the block's rows, [warp][row][probe],
@@ -907,12 +908,39 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
     }
     // The row's partials of every split, summed in split order (deterministic): batches of 8
     // splits with all their loads in flight (16 would spill under the 128-register bound).
+    // A group with a single row (decode: M = 1) has every warp sum a share of its splits
+    // (warp w: w, w + 8, ...; one batch of loads for up to 64 splits), then warp 0 adds the
+    // shares in warp order: one round trip instead of one per 8 splits.
     double xa = 0.0, ya = 0.0, xc = 0.0;
     const unsigned S = gridDim.y;
-    if (active && lane < k) {
-        const bool has_c = g.c.ptr != 0;
+    const bool has_c = g.c.ptr != 0;
+    const qs_u64 split_stride = (qs_u64)QS_WARPS_PER_BLOCK * 3 * KP;
+    const bool lone = P.rows.count - (qs_u64)blockIdx.x * QS_WARPS_PER_BLOCK == 1;
+    if (lone) {
+        if (lane < k) {
+            const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK) * 3) * KP + lane;
+            double va[8], vy[8], vc[8];
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                const unsigned s = warp + u * QS_WARPS_PER_BLOCK;
+                const double* ps = base + s * split_stride;
+                const bool in = s < S;
+                va[u] = in ? qs_ldcg_f64(ps) : 0.0;
+                vy[u] = in ? qs_ldcg_f64(ps + KP) : 0.0;
+                vc[u] = in && has_c ? qs_ldcg_f64(ps + 2 * KP) : 0.0;
+            }
+#pragma unroll
+            for (unsigned u = 0; u < 8; ++u) {
+                xa += va[u];
+                ya += vy[u];
+                xc += vc[u];
+            }
+            sm.share[warp][0][lane] = xa;
+            sm.share[warp][1][lane] = ya;
+            sm.share[warp][2][lane] = xc;
+        }
+    } else if (active && lane < k) {
         const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK + warp) * 3) * KP + lane;
-        const qs_u64 split_stride = (qs_u64)QS_WARPS_PER_BLOCK * 3 * KP;
         for (unsigned s0 = 0; s0 < S; s0 += 8) {
             double va[8], vy[8], vc[8];
 #pragma unroll
@@ -932,6 +960,15 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
         }
     }
     __syncthreads();
+    if (lone && warp == 0 && lane < k) {
+        xa = ya = xc = 0.0;
+#pragma unroll
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
+            xa += sm.share[w][0][lane];
+            ya += sm.share[w][1][lane];
+            xc += sm.share[w][2][lane];
+        }
+    }
     const double alpha = sm.scalar[0] * sm.scalar[1] * sm.scalar[2], beta = sm.scalar[3], dsc = sm.scalar[4];
     const bool dsc_ok = qs_isfinite(dsc) && dsc != 0.0;
     if (!dsc_ok && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_SCALAR);

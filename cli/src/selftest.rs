@@ -279,7 +279,8 @@ fn reference_cases(quick: bool) -> Vec<Case> {
 // ---------------------------------------------------------------------------------------------
 // GPU
 
-const GPU_SECTIONS: &[&str] = &["helpers", "reference", "compare", "logits", "sketch", "detached", "inject"];
+const GPU_SECTIONS: &[&str] =
+    &["helpers", "reference", "compare", "logits", "sketch", "detached", "inject", "ring"];
 
 fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outcome> {
     let run = |section: &str| only.is_empty() || only.iter().any(|o| o == section);
@@ -316,7 +317,84 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
     if run("inject") {
         out.extend(gpu_inject(checker));
     }
+    if run("ring") {
+        out.push(gpu_ring_full(checker).unwrap_or_else(|e| error_outcome("ring", "full ring", e)));
+    }
     out
+}
+
+/// The result ring's protocol on the device: a full ring drops (and counts) results instead
+/// of overwriting unread ones, and once the host has read them the device learns so and writes
+/// again (its copy of `consumed` is refreshed across the bus only when it says "full"). Every
+/// slot taken must be whole: the tag the launch gave and the metrics of the data.
+fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
+    const CAPACITY: u32 = 3;
+    let (m, n) = (57u64, 300u64);
+    let problem = scheme_problem("bf16", m, n, 64);
+    let mut rng = quantshadow_runtime::rng::SplitMix64::new(99);
+    let reference: Vec<f64> = (0..m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let mut d = vec![0u8; problem.d.format.bytes_for((m * n) as usize)];
+    for (e, v) in reference.iter().enumerate() {
+        problem.d.format.store_code(&mut d, e, problem.d.format.encode(1.01 * v));
+    }
+    let prod = decode_output(&problem, &d).map_err(|e| e.to_string())?.values;
+    let ref_host: Vec<f64> = reference.iter().map(|v| *v as f32 as f64).collect();
+    let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
+    let d_buf = checker.upload(&d).map_err(|e| e.to_string())?;
+    let ref_f32: Vec<u8> = reference.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
+    let ref_buf = checker.upload(&ref_f32).map_err(|e| e.to_string())?;
+    let launch = |tag: u64| {
+        let request = CompareRequest {
+            d: QsMatrixDesc::new(&problem.d, d_buf.ptr, Transpose::N, m, n, 1),
+            m,
+            n,
+            rows: QsRowSel::all(m),
+            reference: ref_buf.ptr,
+            ref_ld: n,
+            logits_topk: None,
+            kind: abi::CHECK_FULL,
+            tag: (tag, 0),
+        };
+        checker.compare(&request, Stream::default()).map_err(|e| e.to_string())
+    };
+    let small = checker.replace_ring(CAPACITY).map_err(|e| e.to_string())?;
+    let result = (|| -> Result<(Vec<u64>, u64, Vec<u64>, u64, bool), String> {
+        for tag in 1..=5 {
+            launch(tag)?;
+        }
+        let mut ring = checker.ring.lock().unwrap();
+        let mut whole = true;
+        let mut take = |ring: &mut quantshadow_runtime::device::gpu::ResultRing| {
+            let mut tags = vec![];
+            while let Some(slot) = ring.poll() {
+                let device = sketch::slot_metrics(&slot);
+                whole &= metrics_agree("ring", "slot", &device, &host).pass;
+                tags.push(slot.tag);
+            }
+            tags
+        };
+        let first = take(&mut ring);
+        let dropped_full = ring.dropped();
+        drop(ring);
+        launch(6)?;
+        launch(7)?;
+        let mut ring = checker.ring.lock().unwrap();
+        let second = take(&mut ring);
+        Ok((first, dropped_full, second, ring.dropped(), whole))
+    })();
+    // The small ring goes (nothing is running: compare synchronises).
+    drop(checker.replace_ring_with(small));
+    let (first, dropped_full, second, dropped_after, whole) = result?;
+    let pass = first == [1, 2, 3] && dropped_full == 2 && second == [6, 7] && dropped_after == 2 && whole;
+    Ok(outcome(
+        "ring",
+        format!("capacity {CAPACITY}: 5 launches unread, then 2 more"),
+        pass,
+        format!(
+            "taken {first:?}, dropped {dropped_full}; then taken {second:?}, dropped {dropped_after}; \
+             every slot whole and right: {whole} (want [1, 2, 3], 2, [6, 7], 2, true)"
+        ),
+    ))
 }
 
 /// Fault-injection kernels (`qs_inject.cu`) against the host transforms (`inject`): the same

@@ -102,6 +102,42 @@ __global__ void k_claim_publish(Ctx c) {
     }
 }
 
+// The ring since session 8: the claim reads the device's copy of `consumed` (the host's is
+// read only when that copy says "full"), and the slot goes out with a hash word and no fence.
+__device__ u64 mix64(u64 x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__global__ void k_cached_claim_unfenced(Ctx c) {
+    __shared__ u64 t;
+    if (threadIdx.x == 0) {
+        for (;;) {
+            u64 head = *(volatile u64*)&c.dev[1];
+            u64 seen = *(volatile u64*)&c.dev[64];
+            if (head - seen >= (u64)SLOTS) seen = *(volatile u64*)&c.host[0];  // never taken here
+            if (atomicCAS(&c.dev[1], head, head + 1) == head) {
+                t = head;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        u64* s = c.host + 8 + (t % SLOTS) * SLOT_WORDS;
+        u64 h = 0;
+        for (int w = threadIdx.x; w < SLOT_WORDS - 1; w += 32) {
+            const u64 v = w == 0 ? t + 1 : (u64)w;
+            s[w] = v;
+            h ^= mix64(mix64(0x51534C4F54434B31ull ^ mix64(w)) ^ v);
+        }
+        for (int m = 16; m > 0; m >>= 1) h ^= __shfl_xor_sync(0xffffffffu, h, m);
+        if (threadIdx.x == 0) s[SLOT_WORDS - 1] = h;
+    }
+}
+
 __device__ bool last_block(unsigned* counter, unsigned expected) {
     __shared__ int is_last;
     __threadfence();
@@ -213,6 +249,7 @@ int main() {
     rc |= time_case("1 KiB slot, same slot, fence.sys", k_slot_fixed, 1, c, s);
     rc |= time_case("1 KiB slot, rotating, 2 fence.sys", k_slot_rotating, 1, c, s);
     rc |= time_case("claim (host read + CAS) + rotating slot", k_claim_publish, 1, c, s);
+    rc |= time_case("cached claim (CAS) + rotating slot, hash, no fence", k_cached_claim_unfenced, 1, c, s);
     rc |= time_case("one last-block merge", k_one_merge, 32, c, s);
     rc |= time_case("one last-block merge", k_one_merge, 264, c, s);
     rc |= time_case("two chained merges", k_two_merges, 32, c, s);

@@ -17,7 +17,7 @@ use crate::problem::{
 };
 use std::mem::{offset_of, size_of};
 
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 /// 4-byte samples of B kept with a weight's projection (qs_abi.h QS_WEIGHT_SAMPLES).
 pub const WEIGHT_SAMPLES: usize = 64;
 pub const MAX_PROBES: usize = 32;
@@ -196,6 +196,8 @@ pub struct QsRingHeader {
 pub struct QsRingCtl {
     pub head: u64,
     pub dropped: u64,
+    /// The device's copy of `QsRingHeader::consumed` (a lower bound).
+    pub consumed_seen: u64,
 }
 
 #[repr(C)]
@@ -254,7 +256,33 @@ pub struct QsResultSlot {
     pub ref_top_val: [f32; MAX_TOPK],
     pub sketch_prod: [f64; MAX_PROBES],
     pub sketch_ref: [f64; MAX_PROBES],
-    pub reserved: [u64; 15],
+    pub reserved: [u64; 14],
+    /// XOR of `slot_word_hash` over every other word (the device writes it without a fence).
+    pub check: u64,
+}
+
+/// Seed of the slot hash (qs_device.h QS_SLOT_CHECK_SEED, "QSLOTCK1").
+pub const SLOT_CHECK_SEED: u64 = 0x5153_4C4F_5443_4B31;
+/// Words of a result slot; the last one is `check`.
+pub const SLOT_WORDS: usize = size_of::<QsResultSlot>() / 8;
+
+/// Hash of word `i` of a result slot (qs_device.h qs_slot_word_hash).
+pub fn slot_word_hash(i: usize, word: u64) -> u64 {
+    crate::rng::hash3(SLOT_CHECK_SEED, i as u64, word)
+}
+
+impl QsResultSlot {
+    /// The slot as its words, in memory order.
+    pub fn words(&self) -> &[u64; SLOT_WORDS] {
+        // SAFETY: repr(C), 8-byte aligned, size SLOT_WORDS * 8 (asserted below), plain data
+        // with no padding (every field pair fills whole words).
+        unsafe { &*(self as *const QsResultSlot as *const [u64; SLOT_WORDS]) }
+    }
+
+    /// What `check` must be: the XOR of every other word's hash.
+    pub fn expected_check(&self) -> u64 {
+        self.words()[..SLOT_WORDS - 1].iter().enumerate().fold(0, |h, (i, &w)| h ^ slot_word_hash(i, w))
+    }
 }
 
 impl Default for QsResultSlot {
@@ -302,7 +330,8 @@ impl Default for QsResultSlot {
             ref_top_val: [0.0; MAX_TOPK],
             sketch_prod: [0.0; MAX_PROBES],
             sketch_ref: [0.0; MAX_PROBES],
-            reserved: [0; 15],
+            reserved: [0; 14],
+            check: 0,
         }
     }
 }
@@ -587,7 +616,7 @@ const _: () = {
     assert!(size_of::<QsRowSel>() == 72);
     assert!(size_of::<QsRingHeader>() == 64);
     assert!(offset_of!(QsRingHeader, consumed) == 16 && offset_of!(QsRingHeader, dropped) == 24);
-    assert!(size_of::<QsRingCtl>() == 16);
+    assert!(size_of::<QsRingCtl>() == 24);
     assert!(size_of::<QsRingDesc>() == 32);
     assert!(size_of::<QsResultSlot>() == 1152);
     assert!(offset_of!(QsResultSlot, kind) == 40 && offset_of!(QsResultSlot, rows_checked) == 56);
@@ -596,6 +625,7 @@ const _: () = {
     assert!(offset_of!(QsResultSlot, logits_rows) == 208 && offset_of!(QsResultSlot, kl_max_row) == 256);
     assert!(offset_of!(QsResultSlot, prod_top_idx) == 264 && offset_of!(QsResultSlot, ref_top_val) == 456);
     assert!(offset_of!(QsResultSlot, sketch_prod) == 520 && offset_of!(QsResultSlot, sketch_ref) == 776);
+    assert!(offset_of!(QsResultSlot, check) == 1144 && std::mem::align_of::<QsResultSlot>() == 8);
     assert!(offset_of!(QsResultSlot, reserved) == 1032);
     assert!(size_of::<QsRefParams>() == 632);
     assert!(offset_of!(QsRefParams, rows) == 512 && offset_of!(QsRefParams, out_ptr) == 584);

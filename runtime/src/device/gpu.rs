@@ -16,6 +16,7 @@ use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, MappedHost, Stream};
 use crate::formats::Format;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Device memory: freed on drop, or returned to its pool.
 pub struct DeviceBuffer {
@@ -57,7 +58,16 @@ pub struct ResultRing {
     ctl: DeviceBuffer,
     capacity: u32,
     consumed: u64,
+    /// When the slot at `consumed` was first seen ready but not yet whole (hash mismatch).
+    incomplete_since: Option<Instant>,
+    /// Slots given up on: ready but never whole within [`INCOMPLETE_SLOT_TIMEOUT`].
+    torn: u64,
 }
+
+/// How long a ready slot may stay incomplete before the poller skips it. The device writes a
+/// slot's words without a fence, so they may arrive in any order, but all within microseconds
+/// of each other; only a corrupted slot stays incomplete.
+pub const INCOMPLETE_SLOT_TIMEOUT: Duration = Duration::from_secs(1);
 
 // SAFETY: the mapped pointers are owned by the ring; access goes through &mut self.
 unsafe impl Send for ResultRing {}
@@ -93,7 +103,7 @@ impl ResultRing {
             block: None,
         };
         runtime.copy_to_device_sync(ctl.ptr, &[0u8; std::mem::size_of::<QsRingCtl>()])?;
-        Ok(ResultRing { runtime, mapped, ctl, capacity, consumed: 0 })
+        Ok(ResultRing { runtime, mapped, ctl, capacity, consumed: 0, incomplete_since: None, torn: 0 })
     }
 
     pub fn desc(&self) -> QsRingDesc {
@@ -108,34 +118,73 @@ impl ResultRing {
 
     /// The next completed slot, if any; publishes it as consumed so the device may reuse it.
     pub fn poll(&mut self) -> Option<QsResultSlot> {
-        let index = (self.consumed % self.capacity as u64) as usize;
-        // SAFETY: the slot lies inside the mapping; volatile because the device writes it.
-        let slot_ptr = unsafe { self.mapped.host.add(HEADER_BYTES + index * SLOT_BYTES) };
-        // SAFETY: `ready` is the first u64 of the slot (abi pins the layout).
-        let ready = unsafe { std::ptr::read_volatile(slot_ptr as *const u64) };
-        if ready != self.consumed + 1 {
-            return None;
+        loop {
+            let index = (self.consumed % self.capacity as u64) as usize;
+            // SAFETY: the slot lies inside the mapping; volatile because the device writes it.
+            let slot_ptr = unsafe { self.mapped.host.add(HEADER_BYTES + index * SLOT_BYTES) };
+            // SAFETY: `ready` is the first u64 of the slot (abi pins the layout).
+            let ready = unsafe { std::ptr::read_volatile(slot_ptr as *const u64) };
+            if ready != self.consumed + 1 {
+                return None;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            // SAFETY: the slot lies inside the mapping and is plain data.
+            let slot = unsafe { std::ptr::read_volatile(slot_ptr as *const QsResultSlot) };
+            match take_whole_slot(slot, &mut self.incomplete_since, Instant::now()) {
+                SlotRead::Whole(slot) => {
+                    self.publish_consumed();
+                    return Some(slot);
+                }
+                SlotRead::NotYet => return None,
+                SlotRead::GiveUp => {
+                    self.torn += 1;
+                    self.publish_consumed();
+                }
+            }
         }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        // SAFETY: the device wrote the whole slot before `ready` (system-scope fence).
-        let slot = unsafe { std::ptr::read_volatile(slot_ptr as *const QsResultSlot) };
+    }
+
+    fn publish_consumed(&mut self) {
         self.consumed += 1;
         // SAFETY: `consumed` is a u64 field of the header inside the mapping.
         unsafe {
             let header = self.mapped.host as *mut QsRingHeader;
             std::ptr::write_volatile(std::ptr::addr_of_mut!((*header).consumed), self.consumed);
         }
-        Some(slot)
     }
 
-    /// Results the device could not write because the ring was full.
+    /// Results lost: not written because the ring was full, or written but never whole.
     pub fn dropped(&self) -> u64 {
         // SAFETY: `dropped` is a u64 field of the header inside the mapping.
-        unsafe {
+        let full = unsafe {
             let header = self.mapped.host as *const QsRingHeader;
             std::ptr::read_volatile(std::ptr::addr_of!((*header).dropped))
-        }
+        };
+        full + self.torn
     }
+}
+
+/// What the poller makes of a slot whose `ready` word says it is written.
+#[derive(Debug, PartialEq)]
+enum SlotRead {
+    Whole(QsResultSlot),
+    /// Some words are still on their way: read it again later.
+    NotYet,
+    /// Incomplete for longer than [`INCOMPLETE_SLOT_TIMEOUT`]: skip it (counted as dropped).
+    GiveUp,
+}
+
+fn take_whole_slot(slot: QsResultSlot, incomplete_since: &mut Option<Instant>, now: Instant) -> SlotRead {
+    if slot.check == slot.expected_check() {
+        *incomplete_since = None;
+        return SlotRead::Whole(slot);
+    }
+    let since = *incomplete_since.get_or_insert(now);
+    if now.duration_since(since) < INCOMPLETE_SLOT_TIMEOUT {
+        return SlotRead::NotYet;
+    }
+    *incomplete_since = None;
+    SlotRead::GiveUp
 }
 
 /// One device's programs, ring and launch helpers.
@@ -219,6 +268,18 @@ impl GpuChecker {
         let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
         Ok(GpuChecker { runtime, info, registry, ring: Mutex::new(ring), pool: None })
+    }
+
+    /// Puts a new ring of `capacity` slots in place and returns the old one (selftests of the
+    /// ring protocol; nothing may be running that writes into the old ring).
+    pub fn replace_ring(&self, capacity: u32) -> Result<ResultRing, DeviceError> {
+        let ring = ResultRing::new(self.runtime.clone(), capacity)?;
+        Ok(self.replace_ring_with(ring))
+    }
+
+    /// Puts `ring` back in place; returns the one it replaces.
+    pub fn replace_ring_with(&self, ring: ResultRing) -> ResultRing {
+        std::mem::replace(&mut *self.ring.lock().unwrap_or_else(|e| e.into_inner()), ring)
     }
 
     /// Takes every later buffer from `pool` instead of the driver.
@@ -731,4 +792,56 @@ fn format_of(code: u32) -> Result<Format, DeviceError> {
 
 fn abi_err(e: abi::AbiError) -> DeviceError {
     DeviceError::Unsupported(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::abi::SLOT_WORDS;
+
+    fn written_slot() -> QsResultSlot {
+        let mut slot = QsResultSlot { ready: 8, ticket: 7, tag: 3, dot: 0.25, rows_checked: 256, ..Default::default() };
+        slot.sketch_prod[5] = -1.5;
+        slot.check = slot.expected_check();
+        slot
+    }
+
+    #[test]
+    fn a_whole_slot_is_taken_at_once() {
+        let mut since = None;
+        let slot = written_slot();
+        assert_eq!(take_whole_slot(slot, &mut since, Instant::now()), SlotRead::Whole(slot));
+        assert_eq!(since, None);
+    }
+
+    #[test]
+    fn a_slot_with_a_word_still_in_flight_is_read_again_then_given_up() {
+        let mut stale = written_slot();
+        stale.sketch_prod[5] = 0.0; // the previous lap's word
+        let t0 = Instant::now();
+        let mut since = None;
+        assert_eq!(take_whole_slot(stale, &mut since, t0), SlotRead::NotYet);
+        assert_eq!(since, Some(t0));
+        let later = t0 + INCOMPLETE_SLOT_TIMEOUT / 2;
+        assert_eq!(take_whole_slot(stale, &mut since, later), SlotRead::NotYet);
+        // The word arrives: taken, and the wait is over.
+        assert_eq!(take_whole_slot(written_slot(), &mut since, later), SlotRead::Whole(written_slot()));
+        assert_eq!(since, None);
+        // A slot that never completes is skipped after the timeout.
+        assert_eq!(take_whole_slot(stale, &mut since, t0), SlotRead::NotYet);
+        assert_eq!(take_whole_slot(stale, &mut since, t0 + INCOMPLETE_SLOT_TIMEOUT), SlotRead::GiveUp);
+        assert_eq!(since, None);
+    }
+
+    #[test]
+    fn every_word_but_check_is_covered_by_the_hash() {
+        let slot = written_slot();
+        for i in 0..SLOT_WORDS - 1 {
+            let mut words = *slot.words();
+            words[i] ^= 1 << (i % 64);
+            // SAFETY: same size and alignment as asserted in abi; plain data.
+            let changed: QsResultSlot = unsafe { std::mem::transmute(words) };
+            assert_ne!(changed.expected_check(), slot.check, "word {i}");
+        }
+    }
 }
