@@ -1067,13 +1067,20 @@ QS_DEVICE qs_u32 qs_snap_status(const QsSnapHeader* h) {
 QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch) {
     // The ring claim (a read of host memory and a device CAS) runs on warp 1 while the other
     // warps read the totals: its round trips overlap theirs.
+    // The weight samples are compared here too, where their round trip overlaps the claim's
+    // and the totals' (at the start of a block it held that block, and with it a group, back).
     __shared__ qs_u64 ticket;
-    __shared__ int claimed;
-    if (threadIdx.x == QS_WARP_SIZE) {
+    __shared__ int claimed, weight_changed;
+    if (threadIdx.x == 0) weight_changed = 0;
+    __syncthreads();
+    if (threadIdx.x == QS_WARP_SIZE * 2) {
         qs_u64 t = 0;
         claimed = qs_ring_claim(P.ring, &t);
         ticket = t;
     }
+    if (P.snapshot_ptr && P.g.b.ptr && threadIdx.x < QS_WEIGHT_SAMPLES &&
+        qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
+        weight_changed = 1;
     QsResultSlot* slot = &sm.slot;
     qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);
     qs_u64* tw = (qs_u64*)P.totals_ptr;
@@ -1113,6 +1120,7 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
         qs_u32 status = qs_take_status(P.status_ptr);
         if (P.packed_ptr) status |= qs_snap_status((const QsSnapHeader*)P.packed_ptr);
         if (!valid) status |= QS_STATUS_BAD_DESCRIPTOR;
+        if (weight_changed) status |= QS_STATUS_WEIGHT_CHANGED;
         if (P.g.activation != QS_ACT_NONE) status |= QS_STATUS_NONLINEAR;
         if (tot.counts[4] + tot.counts[5] > 0) status |= QS_STATUS_REF_NONFINITE;
         slot->status = status;
@@ -1325,9 +1333,6 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
     QS_TM_BLOCK_START();
     // Not sampled on this replay: return before the counter protocol (nothing to undo).
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
-    if (P.snapshot_ptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < QS_WEIGHT_SAMPLES &&
-        P.g.b.ptr && qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
-        qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
     switch (P.kp) {
 #if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
         case 8: qs_sketch_check_body<8>(P, valid, sm); break;

@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// GPU sections to run, comma-separated (helpers, reference, compare, logits, sketch,
-    /// detached, inject); all when absent.
+    /// detached, inject, ring); all when absent.
     #[arg(long, value_delimiter = ',', value_name = "SECTIONS")]
     pub only: Vec<String>,
 }
