@@ -800,7 +800,8 @@ mod tests {
     use crate::device::abi::SLOT_WORDS;
 
     fn written_slot() -> QsResultSlot {
-        let mut slot = QsResultSlot { ready: 8, ticket: 7, tag: 3, dot: 0.25, rows_checked: 256, ..Default::default() };
+        let mut slot =
+            QsResultSlot { ready: 8, ticket: 7, tag: 3, dot: 0.25, rows_checked: 256, ..Default::default() };
         slot.sketch_prod[5] = -1.5;
         slot.check = slot.expected_check();
         slot
