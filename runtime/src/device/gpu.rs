@@ -130,8 +130,8 @@ impl ResultRing {
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             // SAFETY: the slot lies inside the mapping and is plain data.
             let slot = unsafe { std::ptr::read_volatile(slot_ptr as *const QsResultSlot) };
-            match take_whole_slot(slot, &mut self.incomplete_since, Instant::now()) {
-                SlotRead::Whole(slot) => {
+            match take_whole_slot(&slot, &mut self.incomplete_since, Instant::now()) {
+                SlotRead::Whole => {
                     self.publish_consumed();
                     return Some(slot);
                 }
@@ -167,17 +167,17 @@ impl ResultRing {
 /// What the poller makes of a slot whose `ready` word says it is written.
 #[derive(Debug, PartialEq)]
 enum SlotRead {
-    Whole(QsResultSlot),
+    Whole,
     /// Some words are still on their way: read it again later.
     NotYet,
     /// Incomplete for longer than [`INCOMPLETE_SLOT_TIMEOUT`]: skip it (counted as dropped).
     GiveUp,
 }
 
-fn take_whole_slot(slot: QsResultSlot, incomplete_since: &mut Option<Instant>, now: Instant) -> SlotRead {
+fn take_whole_slot(slot: &QsResultSlot, incomplete_since: &mut Option<Instant>, now: Instant) -> SlotRead {
     if slot.check == slot.expected_check() {
         *incomplete_since = None;
-        return SlotRead::Whole(slot);
+        return SlotRead::Whole;
     }
     let since = *incomplete_since.get_or_insert(now);
     if now.duration_since(since) < INCOMPLETE_SLOT_TIMEOUT {
@@ -811,7 +811,7 @@ mod tests {
     fn a_whole_slot_is_taken_at_once() {
         let mut since = None;
         let slot = written_slot();
-        assert_eq!(take_whole_slot(slot, &mut since, Instant::now()), SlotRead::Whole(slot));
+        assert_eq!(take_whole_slot(&slot, &mut since, Instant::now()), SlotRead::Whole);
         assert_eq!(since, None);
     }
 
@@ -821,16 +821,16 @@ mod tests {
         stale.sketch_prod[5] = 0.0; // the previous lap's word
         let t0 = Instant::now();
         let mut since = None;
-        assert_eq!(take_whole_slot(stale, &mut since, t0), SlotRead::NotYet);
+        assert_eq!(take_whole_slot(&stale, &mut since, t0), SlotRead::NotYet);
         assert_eq!(since, Some(t0));
         let later = t0 + INCOMPLETE_SLOT_TIMEOUT / 2;
-        assert_eq!(take_whole_slot(stale, &mut since, later), SlotRead::NotYet);
+        assert_eq!(take_whole_slot(&stale, &mut since, later), SlotRead::NotYet);
         // The word arrives: taken, and the wait is over.
-        assert_eq!(take_whole_slot(written_slot(), &mut since, later), SlotRead::Whole(written_slot()));
+        assert_eq!(take_whole_slot(&written_slot(), &mut since, later), SlotRead::Whole);
         assert_eq!(since, None);
         // A slot that never completes is skipped after the timeout.
-        assert_eq!(take_whole_slot(stale, &mut since, t0), SlotRead::NotYet);
-        assert_eq!(take_whole_slot(stale, &mut since, t0 + INCOMPLETE_SLOT_TIMEOUT), SlotRead::GiveUp);
+        assert_eq!(take_whole_slot(&stale, &mut since, t0), SlotRead::NotYet);
+        assert_eq!(take_whole_slot(&stale, &mut since, t0 + INCOMPLETE_SLOT_TIMEOUT), SlotRead::GiveUp);
         assert_eq!(since, None);
     }
 
