@@ -94,9 +94,8 @@ QS_DEVICE qs_u64 qs_min_u64(qs_u64 a, qs_u64 b) { return a < b ? a : b; }
 QS_DEVICE qs_u64 qs_max_u64(qs_u64 a, qs_u64 b) { return a > b ? a : b; }
 
 // ---- memory ordering ----------------------------------------------------------------------
-// Results go to mapped pinned host memory: stores become visible to the host poller only
-// after a system-scope fence; the `ready` word is written after it with a volatile store.
-QS_DEVICE void qs_fence_system() { __threadfence_system(); }
+// Device-scope fences order scratch writes before a last-block-done counter. Results in mapped
+// host memory need none: the poller checks each slot's hash instead (qs_ring_write).
 QS_DEVICE void qs_fence_device() { __threadfence(); }
 QS_DEVICE void qs_store_volatile_u64(qs_u64* p, qs_u64 v) { *(volatile qs_u64*)p = v; }
 QS_DEVICE qs_u64 qs_load_volatile_u64(const qs_u64* p) { return *(const volatile qs_u64*)p; }

@@ -885,6 +885,29 @@ QS_DEVICE qs_u64 qs_sketch_rank_key(double cosine, qs_u64 t) {
     return ((qs_u64)ordered << 32) | (t & 0xFFFFFFFFull);
 }
 
+// Adds one row's (A W_R, D R, C R) partials of splits first, first + step, ... (8 of them, those
+// below S) to xa, ya, xc in that order, with all 24 loads in flight before any addition.
+template <int KP>
+QS_DEVICE void qs_add_splits8(const double* base, unsigned first, unsigned step, unsigned S, qs_u64 split_stride,
+                              bool has_c, double& xa, double& ya, double& xc) {
+    double va[8], vy[8], vc[8];
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) {
+        const unsigned s = first + u * step;
+        const double* ps = base + s * split_stride;
+        const bool in = s < S;
+        va[u] = in ? qs_ldcg_f64(ps) : 0.0;
+        vy[u] = in ? qs_ldcg_f64(ps + KP) : 0.0;
+        vc[u] = in && has_c ? qs_ldcg_f64(ps + 2 * KP) : 0.0;
+    }
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) {
+        xa += va[u];
+        ya += vy[u];
+        xc += vc[u];
+    }
+}
+
 // The group's rows: warp w finishes row w of the group, lane p probe p. Adds the rows' sums,
 // counts, fingerprints and worst row to the check's totals.
 template <int KP>
@@ -919,45 +942,14 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
     if (lone) {
         if (lane < k) {
             const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK) * 3) * KP + lane;
-            double va[8], vy[8], vc[8];
-#pragma unroll
-            for (unsigned u = 0; u < 8; ++u) {
-                const unsigned s = warp + u * QS_WARPS_PER_BLOCK;
-                const double* ps = base + s * split_stride;
-                const bool in = s < S;
-                va[u] = in ? qs_ldcg_f64(ps) : 0.0;
-                vy[u] = in ? qs_ldcg_f64(ps + KP) : 0.0;
-                vc[u] = in && has_c ? qs_ldcg_f64(ps + 2 * KP) : 0.0;
-            }
-#pragma unroll
-            for (unsigned u = 0; u < 8; ++u) {
-                xa += va[u];
-                ya += vy[u];
-                xc += vc[u];
-            }
+            qs_add_splits8<KP>(base, warp, QS_WARPS_PER_BLOCK, S, split_stride, has_c, xa, ya, xc);
             sm.share[warp][0][lane] = xa;
             sm.share[warp][1][lane] = ya;
             sm.share[warp][2][lane] = xc;
         }
     } else if (active && lane < k) {
         const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK + warp) * 3) * KP + lane;
-        for (unsigned s0 = 0; s0 < S; s0 += 8) {
-            double va[8], vy[8], vc[8];
-#pragma unroll
-            for (unsigned u = 0; u < 8; ++u) {
-                const double* ps = base + (s0 + u) * split_stride;
-                const bool in = s0 + u < S;
-                va[u] = in ? qs_ldcg_f64(ps) : 0.0;
-                vy[u] = in ? qs_ldcg_f64(ps + KP) : 0.0;
-                vc[u] = in && has_c ? qs_ldcg_f64(ps + 2 * KP) : 0.0;
-            }
-#pragma unroll
-            for (unsigned u = 0; u < 8; ++u) {
-                xa += va[u];
-                ya += vy[u];
-                xc += vc[u];
-            }
-        }
+        for (unsigned s0 = 0; s0 < S; s0 += 8) qs_add_splits8<KP>(base, s0, 1, S, split_stride, has_c, xa, ya, xc);
     }
     __syncthreads();
     if (lone && warp == 0 && lane < k) {

@@ -519,23 +519,12 @@ impl GpuChecker {
     }
 
     /// Reference rows chosen by `rows` (any selection mode) into `out` (f32, `out_ld` per
-    /// sampled row, in sample order), rounded to D's format when `round_to_d`. Needs the
-    /// program loaded already when called from the shim (it is looked up, not compiled, then).
-    pub fn reference_sel(
-        &self,
-        g: &QsGemmDesc,
-        rows: QsRowSel,
-        out: &DeviceBuffer,
-        out_ld: u64,
-        round_to_d: bool,
-        stream: Stream,
-    ) -> Result<(), DeviceError> {
-        self.reference_launch(g, Some(rows), out, out_ld, round_to_d, DeviceGate::default(), stream)
-    }
-
-    /// [`Self::reference_sel`] sampled on the device per launch (`gate`: graph replays).
+    /// sampled row, in sample order), rounded to D's format when `round_to_d`, sampled on the
+    /// device per launch by `gate` (graph replays; `DeviceGate::default()`: every launch).
+    /// Needs the program loaded already when called from the shim (it is looked up, not
+    /// compiled, then).
     #[allow(clippy::too_many_arguments)]
-    pub fn reference_sel_gated(
+    pub fn reference_sel(
         &self,
         g: &QsGemmDesc,
         rows: QsRowSel,

@@ -617,6 +617,16 @@ impl GpuBackend {
         let launch_err = |what: &str, e: crate::device::DeviceError| {
             Detach::Skip(Skip::new(format!("detached sketch {what}: {}", short(&e.to_string()))))
         };
+        // The snapshot copy on the caller's stream; gives the check to run over the snapshot.
+        let layout = &st.layout;
+        let copy_on_stream = |rows, base, epoch_counter, scratch: &SketchScratch| {
+            let (copy, check) = self
+                .checker
+                .prepare_detached(g, layout, rows, base, epoch_counter, weight, scratch, tag)
+                .map_err(|e| launch_err("set-up", e))?;
+            self.checker.launch_prepared(&copy, stream).map_err(|e| launch_err("copy launch", e))?;
+            Ok(check)
+        };
         match capture {
             None => {
                 // Eager: a free snapshot buffer, the copy here, the check on the side stream.
@@ -635,23 +645,10 @@ impl GpuBackend {
                 };
                 let snap = &mut st.eager[i];
                 let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
-                let prepared = self.checker.prepare_detached(
-                    g,
-                    &st.layout,
-                    rows,
-                    snap.buffer.ptr,
-                    0,
-                    weight,
-                    &st.eager_scratch,
-                    tag,
-                );
-                let (copy, check) = match prepared {
-                    Ok(p) => p,
-                    Err(e) => return launch_err("set-up", e),
+                let check = match copy_on_stream(rows, snap.buffer.ptr, 0, &st.eager_scratch) {
+                    Ok(check) => check,
+                    Err(skip) => return skip,
                 };
-                if let Err(e) = self.checker.launch_prepared(&copy, stream) {
-                    return launch_err("copy launch", e);
-                }
                 // From here the copy is enqueued: a failure leaves a copy nobody reads.
                 let rt = &self.runtime;
                 let r = rt
@@ -693,23 +690,11 @@ impl GpuBackend {
                         }
                     }
                 }
-                let prepared = self.checker.prepare_detached(
-                    g,
-                    &st.layout,
-                    rows,
-                    st.graph_buffers[st.graph_used].ptr,
-                    st.epoch_counter.ptr,
-                    weight,
-                    &st.graph_scratch,
-                    tag,
-                );
-                let (copy, check) = match prepared {
-                    Ok(p) => p,
-                    Err(e) => return launch_err("set-up", e),
+                let buffer = st.graph_buffers[st.graph_used].ptr;
+                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, &st.graph_scratch) {
+                    Ok(check) => check,
+                    Err(skip) => return skip,
                 };
-                if let Err(e) = self.checker.launch_prepared(&copy, stream) {
-                    return launch_err("copy launch", e);
-                }
                 st.graph_used += 1;
                 match self.checker.launch_prepared_branch(&check, stream, st.graph_last) {
                     Ok(node) => {
@@ -829,7 +814,7 @@ impl GpuBackend {
             None => abi::DeviceGate::default(),
         };
         self.checker
-            .reference_sel_gated(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
+            .reference_sel(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
             .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
         if capturing {
             self.note_check_node(req, run_on, Some(gate_field!(abi::QsRefParams)));

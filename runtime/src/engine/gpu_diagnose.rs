@@ -29,7 +29,7 @@
 //! with the reason, as is one whose kernels failed to compile.
 
 use super::{pool_reason, short, status_reason, GpuBackend, ProgramWait, RelaxedCapture};
-use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsResultSlot, QsRowSel};
+use crate::device::abi::{self, DeviceGate, KernelBuild, QsGemmDesc, QsResultSlot, QsRowSel};
 use crate::device::gpu::{CompareRequest, CompareScratch, DeviceBuffer};
 use crate::device::{Event, GpuRuntime, MappedHost, Stream};
 use crate::diagnosis::{self, Reading, ReadingKind, ReadingResult};
@@ -759,7 +759,9 @@ impl GpuBackend {
             }
             for (i, (l, c)) in launches.iter().zip(&prepared).enumerate() {
                 let out = &scratch.buffers[0];
-                if let Err(e) = self.checker.reference_sel(&l.g, sel, out, p.n, true, run_on) {
+                if let Err(e) =
+                    self.checker.reference_sel(&l.g, sel, out, p.n, true, DeviceGate::default(), run_on)
+                {
                     error = Some(fail("reference launch", e));
                     break;
                 }
