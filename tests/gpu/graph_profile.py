@@ -1,7 +1,7 @@
 """Kernel-level timeline of a CUDA-graph decode step (the overhead_mlp.py layers), through
 PyTorch's profiler (CUPTI sees the kernels inside graph replays).
 
-    python3 tests/gpu/graph_profile.py [label] [--eager-first] [--side-work | --side-wait] [--after]
+    python3 tests/gpu/graph_profile.py [label] [--eager-first] [--side-work | --side-wait] [--after] [--timeline] [--prefill]
 
 Replays the captured step 40 times under the profiler and prints, per kernel position in a
 replay: the kernel's name, its mean duration and the mean gap since the previous kernel of the
@@ -12,6 +12,10 @@ as that script does. --side-work adds, after each eager pass, a small kernel on 
 do: without the shim they show whether such work alone changes later replays. --after runs
 those passes after the capture instead of before it. Run with and without the shim: a per-replay cost that is not in the kernels' durations
 is in the gaps, and a kernel that differs shows by name.
+--timeline also prints one replay's operations in start order with their stream, start offset
+and duration (graph branches overlap, so positions alone do not say what ran beside what).
+--prefill profiles eager prefill passes (M=512) instead: per stream, the kernels' summed time
+and the pass span.
 """
 import json
 import os
@@ -49,6 +53,8 @@ def main():
                         y[:1].sum()
         torch.cuda.synchronize()
 
+    if "--prefill" in sys.argv:
+        return profile_prefill(label, forward, xp)
     after = "--after" in sys.argv
     if ("--eager-first" in sys.argv or side_work) and not after:
         eager_passes()
@@ -61,12 +67,7 @@ def main():
         for _ in range(REPLAYS):
             g.replay()
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        trace = json.load(open(path))
-    gpu = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
-    gpu.sort(key=lambda e: e["ts"])
+    gpu = gpu_events(prof)
     if not gpu or len(gpu) % REPLAYS:
         print(f"{label}: {len(gpu)} GPU events for {REPLAYS} replays; names: {sorted({e['name'][:40] for e in gpu})[:12]}")
         if not gpu:
@@ -82,11 +83,59 @@ def main():
         name = replays[0][p]["name"]
         print(f"| {p} | {name[:70]} | {statistics.mean(durs):.2f} | {statistics.mean(gaps):.2f} |" if gaps
               else f"| {p} | {name[:70]} | {statistics.mean(durs):.2f} | - |")
+    if "--timeline" in sys.argv:
+        print_timeline(label, replays[REPLAYS // 2])
     spans = [rp[-1]["ts"] + rp[-1]["dur"] - rp[0]["ts"] for rp in replays]
     between = [replays[r][0]["ts"] - (replays[r - 1][-1]["ts"] + replays[r - 1][-1]["dur"]) for r in range(1, REPLAYS)]
     kernel_sum = statistics.mean(sum(e["dur"] for e in rp) for rp in replays)
     print(f"{label}: replay span {statistics.median(spans):.2f} us (median), kernels {kernel_sum:.2f} us, "
           f"gap between replays {statistics.median(between):.2f} us (median)")
+
+
+def gpu_events(prof):
+    """The profiler's GPU operations (kernels, memsets, copies), in start order."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        trace = json.load(open(path))
+    gpu = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    gpu.sort(key=lambda e: e["ts"])
+    return gpu
+
+
+def print_timeline(label, events):
+    """One replay or pass: each operation's stream, start offset from the first, and duration."""
+    t0 = events[0]["ts"]
+    print(f"{label}: timeline")
+    print("| start (us) | end (us) | stream | kernel |")
+    print("| --- | --- | --- | --- |")
+    for e in events:
+        print(f"| {e['ts'] - t0:.2f} | {e['ts'] + e['dur'] - t0:.2f} | {e.get('tid')} | {e['name'][:60]} |")
+
+
+def profile_prefill(label, forward, xp, passes=20):
+    """Eager prefill passes under the profiler: per stream the summed kernel time per pass, and
+    the mean pass time from events."""
+    print(f"{label}: {timed(lambda: forward(xp)):.2f} us per prefill pass without the profiler (median of 7 x 50)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            forward(xp)
+        torch.cuda.synchronize()
+    gpu = gpu_events(prof)
+    by_stream = {}
+    for e in gpu:
+        by_stream.setdefault(e.get("tid"), []).append(e)
+    for tid, evs in sorted(by_stream.items(), key=lambda kv: str(kv[0])):
+        names = {}
+        for e in evs:
+            names.setdefault(e["name"][:50], []).append(e["dur"])
+        print(f"{label}: stream {tid}: {len(evs)} operations, {sum(e['dur'] for e in evs) / passes:.2f} us per pass")
+        for n, d in sorted(names.items(), key=lambda kv: -sum(kv[1])):
+            print(f"    {len(d):4d} x {statistics.mean(d):8.2f} us  {n}")
+    span = (gpu[-1]["ts"] + gpu[-1]["dur"] - gpu[0]["ts"]) / passes
+    print(f"{label}: {span:.2f} us per pass under the profiler (first start to last end / {passes})")
+    mid = len(gpu) // 2
+    print_timeline(label + " (middle of the run)", gpu[mid:mid + 40])
 
 
 if __name__ == "__main__":

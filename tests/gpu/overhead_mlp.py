@@ -1,23 +1,26 @@
 """GPU-bound overhead probe: a stack of bf16 linear layers (Llama-8B-like 4096 x 4096 and
 4096 x 14336 projections), timed with CUDA events.
 
-    python3 tests/gpu/overhead_mlp.py
+    python3 tests/gpu/overhead_mlp.py [--repeat N]
 
-Prints one JSON line: microseconds per forward pass for prefill (M=512, eager), decode (M=1,
+--repeat N stacks N copies of the six layers, each with its own weights (a deeper decode graph:
+per-replay costs such as the last check's latency are shared by more GEMMs, as in a real model's
+step). Prints one JSON line: microseconds per forward pass for prefill (M=512, eager), decode (M=1,
 eager) and decode replayed from a CUDA graph. Run it with and without the shim (and with its
 modes) to get the overhead; the numbers are medians of 7 trials of 50 passes each.
 """
 import json
 import statistics
+import sys
 
 import torch
 
 
-def make_layers():
+def make_layers(repeat=1):
     """The layers, seeded; returns forward(x)."""
     torch.manual_seed(0)
     dev = "cuda"
-    shapes = [(4096, 4096)] * 4 + [(14336, 4096), (4096, 14336)]  # (out, in), chained
+    shapes = ([(4096, 4096)] * 4 + [(14336, 4096), (4096, 14336)]) * repeat  # (out, in), chained
     weights = [(torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16) for n, k in shapes]
 
     def forward(x):
@@ -62,7 +65,8 @@ def capture_decode(forward, xd):
 
 def main():
     dev = "cuda"
-    forward = make_layers()
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
+    forward = make_layers(repeat)
     xp = torch.randn(512, 4096, device=dev).to(torch.bfloat16)
     xd = torch.randn(1, 4096, device=dev).to(torch.bfloat16)
     result = {"prefill_us": timed(lambda: forward(xp)), "decode_eager_us": timed(lambda: forward(xd))}

@@ -188,10 +188,11 @@ struct RowsState {
 /// kernel runs on the caller's stream right after the call, the check reads only the copy.
 /// - Eager calls (at least `EAGER_DETACH_MIN_ROWS` sampled rows; fewer are checked on their
 ///   stream, but set up here for later captures): the check runs on the side stream after an
-///   event; two snapshot buffers alternate, and a call finding both still in use by running
-///   checks is skipped (counted), never waited for. Under back-to-back large GEMMs the side
-///   stream only progresses between them, so most calls are skipped that way (H100, 4096 x
-///   4096 x 4096 called back to back: 25 of 110 calls checked).
+///   event, over one of the device's few shared snapshot buffers ([`EagerSnapshots`]); a call
+///   finding all of them still in use by running checks is skipped (counted), never waited
+///   for. Under back-to-back large GEMMs the side stream only progresses between them, so most
+///   calls are skipped that way (H100, 4096 x 4096 x 4096 called back to back: 25 of 110 calls
+///   checked).
 /// - Captured calls (CUDA): the check is a graph branch after the copy node that no later
 ///   node depends on, so replays do not wait for it (only the graph's end does). Each captured
 ///   call of the site within one capture gets its own snapshot buffer (buffers are reused by
@@ -207,8 +208,9 @@ struct DetachedState {
     epoch_counter: DeviceBuffer,
     /// Row epoch of the next eager check (counted here: no device atomic per copy).
     eager_epoch: u64,
-    eager_scratch: SketchScratch,
-    eager: Vec<EagerSnapshot>,
+    /// Shared by every site of this shape: eager checks run one after another on the one side
+    /// stream, and each leaves its scratch ready for the next.
+    eager_scratch: Arc<SketchScratch>,
     graph_scratch: SketchScratch,
     graph_buffers: Vec<DeviceBuffer>,
     /// Capture id the graph buffers are being handed out for, how many so far, and the last
@@ -218,13 +220,58 @@ struct DetachedState {
     graph_last: Option<crate::device::GraphNode>,
 }
 
+/// The snapshot buffers of eager detached checks, shared by all sites of the device: a
+/// snapshot is needed only until its check has run on the side stream, so a handful serve any
+/// number of sites (per-site pairs took 8-18 MB per Llama-8B-shaped site at 256 rows and ran
+/// the default pool out after ~20 sites, whose later calls were then skipped).
+#[derive(Default)]
+struct EagerSnapshots {
+    slots: Vec<EagerSnapshot>,
+}
+
 struct EagerSnapshot {
-    buffer: DeviceBuffer,
+    /// Grown (re-taken from the pool) when a call needs more than it holds.
+    buffer: Option<DeviceBuffer>,
     /// Recorded on the caller's stream after the copy; the side stream waits for it.
     copied: Event,
     /// Recorded on the side stream after the check.
     done: Event,
     pending: bool,
+}
+
+impl EagerSnapshots {
+    /// A free snapshot of at least `bytes`: a used one whose check has finished, else a new one
+    /// while there are fewer than `EAGER_SNAPSHOTS`; None when all are still in use. Errors:
+    /// the pool cannot hold the buffer, or an event cannot be created.
+    fn take(
+        &mut self,
+        runtime: &dyn GpuRuntime,
+        checker: &GpuChecker,
+        bytes: u64,
+    ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
+        let free =
+            self.slots.iter_mut().position(|s| !s.pending || runtime.event_done(s.done).unwrap_or(false));
+        let i = match free {
+            Some(i) => i,
+            None if self.slots.len() < EAGER_SNAPSHOTS => {
+                self.slots.push(EagerSnapshot {
+                    buffer: None,
+                    copied: runtime.create_sync_event()?,
+                    done: runtime.create_sync_event()?,
+                    pending: false,
+                });
+                self.slots.len() - 1
+            }
+            None => return Ok(None),
+        };
+        let snap = &mut self.slots[i];
+        snap.pending = false;
+        if snap.buffer.as_ref().is_none_or(|b| (b.bytes as u64) < bytes) {
+            snap.buffer = None; // back to the pool first, so growing can reuse its space
+            snap.buffer = Some(checker.alloc(bytes as usize)?);
+        }
+        Ok(Some(snap))
+    }
 }
 
 /// What [`GpuBackend::sketch_detached`] did with a call.
@@ -239,8 +286,8 @@ enum Detach {
 const SNAPSHOT_MAX_BYTES: u64 = 32 << 20;
 /// Eager calls with fewer sampled rows are checked on their stream (see `sketch_detached`).
 const EAGER_DETACH_MIN_ROWS: u64 = 64;
-/// Eager snapshot buffers per (site, row count).
-const EAGER_SNAPSHOTS: usize = 2;
+/// Eager snapshot buffers per device (all sites share them).
+const EAGER_SNAPSHOTS: usize = 4;
 
 struct SideCheck {
     /// Copies of A, D, A's scales and C, each with its size (reallocated when a call needs more).
@@ -281,6 +328,10 @@ pub struct GpuBackend {
     sketch_detach: bool,
     /// Pool bytes held by snapshot buffers of captured checks (bounded: a quarter of the pool).
     graph_snapshot_bytes: std::sync::atomic::AtomicU64,
+    /// Snapshot buffers of eager detached checks (taken under the sites lock).
+    eager_snapshots: Mutex<EagerSnapshots>,
+    /// Scratch of eager detached checks per (rows, K, N, probes), shared by sites of one shape.
+    eager_scratch: Mutex<HashMap<(u64, u64, u64, u32), Arc<SketchScratch>>>,
     pool_bytes: u64,
 }
 
@@ -366,6 +417,8 @@ impl GpuBackend {
             diagnoses: gpu_diagnose::Diagnoses::default(),
             sketch_detach: s.sketch_detach,
             graph_snapshot_bytes: std::sync::atomic::AtomicU64::new(0),
+            eager_snapshots: Mutex::default(),
+            eager_scratch: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
         })
     }
@@ -630,22 +683,22 @@ impl GpuBackend {
         match capture {
             None => {
                 // Eager: a free snapshot buffer, the copy here, the check on the side stream.
-                let mut free = None;
-                for (i, snap) in st.eager.iter_mut().enumerate() {
-                    if !snap.pending || self.runtime.event_done(snap.done).unwrap_or(false) {
-                        snap.pending = false;
-                        free = Some(i);
-                        break;
+                let mut snapshots = self.eager_snapshots.lock().unwrap_or_else(|e| e.into_inner());
+                let snap = match snapshots.take(self.runtime.as_ref(), &self.checker, st.layout.bytes) {
+                    Ok(Some(snap)) => snap,
+                    Ok(None) => {
+                        return Detach::Skip(Skip::new("sketch: earlier detached checks are still running"));
                     }
-                }
-                let Some(i) = free else {
-                    return Detach::Skip(Skip::new(
-                        "sketch: the site's previous detached checks are still running",
-                    ));
+                    Err(e) => {
+                        return Detach::Skip(Skip::new(format!(
+                            "detached sketch snapshot: {}",
+                            pool_reason(&e)
+                        )));
+                    }
                 };
-                let snap = &mut st.eager[i];
+                let buffer = snap.buffer.as_ref().expect("taken with a buffer").ptr;
                 let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
-                let check = match copy_on_stream(rows, snap.buffer.ptr, 0, &st.eager_scratch) {
+                let check = match copy_on_stream(rows, buffer, 0, &st.eager_scratch) {
                     Ok(check) => check,
                     Err(skip) => return skip,
                 };
@@ -723,23 +776,23 @@ impl GpuBackend {
         let fail =
             |e: crate::device::DeviceError| Skip::new(format!("detached sketch set-up: {}", pool_reason(&e)));
         let epoch_counter = self.checker.alloc_zeroed(8).map_err(fail)?;
-        let eager_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
+        let eager_scratch = {
+            let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            match shared.entry((count, g.k, g.n, probes)) {
+                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+                std::collections::hash_map::Entry::Vacant(e) => e
+                    .insert(Arc::new(
+                        self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?,
+                    ))
+                    .clone(),
+            }
+        };
         let graph_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
-        let mut eager = Vec::with_capacity(EAGER_SNAPSHOTS);
-        for _ in 0..EAGER_SNAPSHOTS {
-            eager.push(EagerSnapshot {
-                buffer: self.checker.alloc(layout.bytes as usize).map_err(fail)?,
-                copied: self.runtime.create_sync_event().map_err(fail)?,
-                done: self.runtime.create_sync_event().map_err(fail)?,
-                pending: false,
-            });
-        }
         Ok(Some(DetachedState {
             layout,
             epoch_counter,
             eager_epoch: 0,
             eager_scratch,
-            eager,
             graph_scratch,
             graph_buffers: vec![],
             graph_capture: u64::MAX,
