@@ -196,8 +196,9 @@ struct RowsState {
 /// - Captured calls (CUDA): the check is a graph branch after the copy node that no later
 ///   node depends on, so replays do not wait for it (only the graph's end does). Each captured
 ///   call of the site within one capture gets its own snapshot buffer (buffers are reused by
-///   later captures: graphs launched on one stream run one after the other), and the branches
-///   of one capture are chained, since they share the scratch.
+///   later captures: graphs launched on one stream run one after the other). The scratch is
+///   shared by all sites of one shape ([`GraphChain`]), so the branches of one capture that
+///   use it are chained.
 ///
 /// Eager and captured checks have separate scratch (a side-stream check may still run when a
 /// replay starts). Eager copies take their row epoch from the host's count, captured copies
@@ -211,13 +212,49 @@ struct DetachedState {
     /// Shared by every site of this shape: eager checks run one after another on the one side
     /// stream, and each leaves its scratch ready for the next.
     eager_scratch: Arc<SketchScratch>,
-    graph_scratch: SketchScratch,
+    /// Key of the shared graph scratch and its branch chain (`GpuBackend::graph_chains`).
+    shape: ShapeKey,
     graph_buffers: Vec<DeviceBuffer>,
-    /// Capture id the graph buffers are being handed out for, how many so far, and the last
-    /// branch added to it.
+    /// Capture id the graph buffers are being handed out for, and how many so far.
     graph_capture: u64,
     graph_used: usize,
-    graph_last: Option<crate::device::GraphNode>,
+}
+
+/// (sampled rows, K, N, probes): calls of this shape can share sketch scratch.
+type ShapeKey = (u64, u64, u64, u32);
+
+/// The scratch of captured detached checks of one shape, shared by its sites, and the last
+/// branch of the current capture that uses it: the next branch waits for it, so the branches
+/// of one graph that share the scratch run one after another. Graphs run one after the other
+/// on a stream (a launch ends when all its branches have), so later captures reuse it. Two
+/// graphs with calls of one shape replayed at the same moment on two streams would share it
+/// (as two streams running one site always did; not seen in PyTorch or vLLM).
+struct GraphChain {
+    scratch: SketchScratch,
+    branches: LastBranches,
+}
+
+/// (capture id, its last branch) of the latest captures: captures running at the same time on
+/// two threads each chain within their own graph (a node of another graph would fail).
+#[derive(Default)]
+struct LastBranches {
+    lasts: Vec<(u64, crate::device::GraphNode)>,
+}
+
+/// Captures [`LastBranches`] remembers.
+const GRAPH_CHAIN_CAPTURES: usize = 8;
+
+impl LastBranches {
+    fn last(&self, capture: u64) -> Option<crate::device::GraphNode> {
+        self.lasts.iter().find(|(id, _)| *id == capture).map(|(_, node)| *node)
+    }
+    fn set_last(&mut self, capture: u64, node: crate::device::GraphNode) {
+        self.lasts.retain(|(id, _)| *id != capture);
+        if self.lasts.len() == GRAPH_CHAIN_CAPTURES {
+            self.lasts.remove(0);
+        }
+        self.lasts.push((capture, node));
+    }
 }
 
 /// The snapshot buffers of eager detached checks, shared by all sites of the device: a
@@ -330,8 +367,11 @@ pub struct GpuBackend {
     graph_snapshot_bytes: std::sync::atomic::AtomicU64,
     /// Snapshot buffers of eager detached checks (taken under the sites lock).
     eager_snapshots: Mutex<EagerSnapshots>,
-    /// Scratch of eager detached checks per (rows, K, N, probes), shared by sites of one shape.
-    eager_scratch: Mutex<HashMap<(u64, u64, u64, u32), Arc<SketchScratch>>>,
+    /// Scratch of eager detached checks per shape, shared by its sites.
+    eager_scratch: Mutex<HashMap<ShapeKey, Arc<SketchScratch>>>,
+    /// Scratch and branch chain of captured detached checks per shape (taken under the sites
+    /// lock).
+    graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
     pool_bytes: u64,
 }
 
@@ -419,6 +459,7 @@ impl GpuBackend {
             graph_snapshot_bytes: std::sync::atomic::AtomicU64::new(0),
             eager_snapshots: Mutex::default(),
             eager_scratch: Mutex::default(),
+            graph_chains: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
         })
     }
@@ -724,7 +765,6 @@ impl GpuBackend {
                 if st.graph_capture != id {
                     st.graph_capture = id;
                     st.graph_used = 0;
-                    st.graph_last = None;
                 }
                 if st.graph_used == st.graph_buffers.len() {
                     use std::sync::atomic::Ordering;
@@ -743,15 +783,19 @@ impl GpuBackend {
                         }
                     }
                 }
+                let mut chains = self.graph_chains.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(chain) = chains.get_mut(&st.shape) else {
+                    return Detach::OnStream; // set up with the state: not reached
+                };
                 let buffer = st.graph_buffers[st.graph_used].ptr;
-                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, &st.graph_scratch) {
+                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, &chain.scratch) {
                     Ok(check) => check,
                     Err(skip) => return skip,
                 };
                 st.graph_used += 1;
-                match self.checker.launch_prepared_branch(&check, stream, st.graph_last) {
+                match self.checker.launch_prepared_branch(&check, stream, chain.branches.last(id)) {
                     Ok(node) => {
-                        st.graph_last = Some(node);
+                        chain.branches.set_last(id, node);
                         Detach::Done
                     }
                     Err(e) => launch_err("graph branch", e),
@@ -776,28 +820,30 @@ impl GpuBackend {
         let fail =
             |e: crate::device::DeviceError| Skip::new(format!("detached sketch set-up: {}", pool_reason(&e)));
         let epoch_counter = self.checker.alloc_zeroed(8).map_err(fail)?;
+        let shape: ShapeKey = (count, g.k, g.n, probes);
+        let scratch = || self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail);
         let eager_scratch = {
             let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            match shared.entry((count, g.k, g.n, probes)) {
+            match shared.entry(shape) {
                 std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
-                std::collections::hash_map::Entry::Vacant(e) => e
-                    .insert(Arc::new(
-                        self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?,
-                    ))
-                    .clone(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::new(scratch()?)).clone(),
             }
         };
-        let graph_scratch = self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail)?;
+        {
+            let mut chains = self.graph_chains.lock().unwrap_or_else(|e| e.into_inner());
+            if !chains.contains_key(&shape) {
+                chains.insert(shape, GraphChain { scratch: scratch()?, branches: LastBranches::default() });
+            }
+        }
         Ok(Some(DetachedState {
             layout,
             epoch_counter,
             eager_epoch: 0,
             eager_scratch,
-            graph_scratch,
+            shape,
             graph_buffers: vec![],
             graph_capture: u64::MAX,
             graph_used: 0,
-            graph_last: None,
         }))
     }
 
@@ -1224,5 +1270,30 @@ fn status_reason(status: u32) -> String {
         "device check: d_scale zero or non-finite".into()
     } else {
         format!("device check: status {status:#x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::GraphNode;
+
+    #[test]
+    fn last_branches_chain_within_each_capture() {
+        let mut b = LastBranches::default();
+        assert_eq!(b.last(1), None);
+        b.set_last(1, GraphNode(10));
+        // A second capture running at the same time starts its own chain.
+        assert_eq!(b.last(2), None);
+        b.set_last(2, GraphNode(20));
+        b.set_last(1, GraphNode(11));
+        assert_eq!((b.last(1), b.last(2)), (Some(GraphNode(11)), Some(GraphNode(20))));
+        // The oldest capture is forgotten first; a later one starts afresh.
+        for id in 3..3 + GRAPH_CHAIN_CAPTURES as u64 {
+            b.set_last(id, GraphNode(id * 10));
+        }
+        assert_eq!(b.lasts.len(), GRAPH_CHAIN_CAPTURES);
+        assert_eq!((b.last(1), b.last(2)), (None, None));
+        assert_eq!(b.last(10), Some(GraphNode(100)));
     }
 }
