@@ -11,7 +11,8 @@
 //! `golden_values_for_the_device_selftest` computes, on the host, what qs_selftest.cu must
 //! reproduce bit for bit (every decoder code, encoder results, hash3 / probe signs / row
 //! permutation, scale entries), checks the host side's own invariants, and writes them as JSON to
-//! $QUANTSHADOW_GOLDEN_OUT when set (kernels/gpu_selftest.py reads that file on a GPU host).
+//! $QUANTSHADOW_GOLDEN_OUT when set (to compare with a device's values by hand; `quantshadow
+//! selftest --only helpers` checks the device against the same host functions).
 
 use quantshadow_runtime::device::abi::{KernelBuild, QsScaleDesc};
 use quantshadow_runtime::formats::Format;
