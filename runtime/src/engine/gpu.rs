@@ -829,11 +829,10 @@ impl GpuBackend {
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::new(scratch()?)).clone(),
             }
         };
+        if let std::collections::hash_map::Entry::Vacant(e) =
+            self.graph_chains.lock().unwrap_or_else(|e| e.into_inner()).entry(shape)
         {
-            let mut chains = self.graph_chains.lock().unwrap_or_else(|e| e.into_inner());
-            if !chains.contains_key(&shape) {
-                chains.insert(shape, GraphChain { scratch: scratch()?, branches: LastBranches::default() });
-            }
+            e.insert(GraphChain { scratch: scratch()?, branches: LastBranches::default() });
         }
         Ok(Some(DetachedState {
             layout,
