@@ -1524,3 +1524,63 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
     __syncthreads();
     if (threadIdx.x == 0 && s_status != 0) qs_snap_merge_status(hdr, tag, s_status);
 }
+
+// qs_sketch_snap_rows_{a}_{d}: the snapshot copy for the common case only, chosen by the host
+// (snapshot.rs `lean_copy`): one batch item, contiguous op(A) rows and row-major D rows of byte
+// formats whose slices are whole 16-byte vectors inside the buffers, and no C, A scales, row
+// bias or device-pointer scalars. Same parameters, grid and result as QS_SKETCH_SNAP; its small
+// code is the point: the general kernel's size costs ~1.1 us per copy in a decode graph (H100,
+// instruction fetch after each GEMV).
+#define QS_SKETCH_SNAP_ROWS QS_CAT5(qs_sketch_snap_rows_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+
+QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
+    __shared__ qs_u64 s_epoch;
+    __shared__ qs_u32 s_status;
+    const QsGemmDesc& g = P.g;
+    const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
+    qs_u64 counted = 0;
+    if (threadIdx.x == 0) {
+        // As in QS_SKETCH_SNAP: graph replays count launches on the device, eager calls pass it.
+        if (P.epoch_counter_ptr) counted = qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1);
+        s_status = 0;
+    }
+    // Rows drawn by epoch wait for it; with all rows taken the copy starts at once.
+    const bool rows_by_epoch = P.rows.mode == QS_ROWS_PERM;
+    if (rows_by_epoch && threadIdx.x == 0) s_epoch = P.epoch_counter_ptr ? counted / blocks : P.rows.epoch_value;
+    __syncthreads();
+    const qs_u64 t = blockIdx.x;
+    qs_u64 row = 0;
+    if (t < P.rows.count && qs_rows_at(P.rows, rows_by_epoch ? s_epoch : 0, t, &row, (qs_u64)&s_status)) {
+        qs_u8* out = (qs_u8*)P.out_ptr;
+        if (blockIdx.y == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = row;
+        const qs_u64 a_bytes = QsFmt<QS_A_FMT>::BITS / 8, d_bytes = QsFmt<QS_D_FMT>::BITS / 8;
+        qs_u64 ka, kb, na, nb;
+        qs_slice(g.k, blockIdx.y, gridDim.y, &ka, &kb);
+        qs_slice(g.n, blockIdx.y, gridDim.y, &na, &nb);
+        const uint4* sa = (const uint4*)((const qs_u8*)g.a.ptr + (row * qs_op_strides(g.a).rs + ka) * a_bytes);
+        uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes + ka * a_bytes);
+        const uint4* sd = (const uint4*)((const qs_u8*)g.d.ptr + (row * g.d.ld + na) * d_bytes);
+        uint4* dd = (uint4*)(out + P.d.off + t * P.d.row_bytes + na * d_bytes);
+        const qs_u64 va = (kb - ka) * a_bytes / 16, vd = (nb - na) * d_bytes / 16;
+        // Both rows' loads of an iteration are issued before their stores.
+        for (qs_u64 v = threadIdx.x; v < (va > vd ? va : vd); v += blockDim.x) {
+            uint4 x, y;
+            if (v < va) x = sa[v];
+            if (v < vd) y = sd[v];
+            if (v < va) da[v] = x;
+            if (v < vd) dd[v] = y;
+        }
+    }
+    if (!rows_by_epoch && threadIdx.x == 0) s_epoch = P.epoch_counter_ptr ? counted / blocks : P.rows.epoch_value;
+    __syncthreads();
+    QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
+    const qs_u64 tag = (s_epoch & 0x7FFFFFFFull) + 1;
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+        if (threadIdx.x == 0) {
+            hdr->tag = tag;
+            hdr->epoch = s_epoch;
+        }
+        if (threadIdx.x < 5) hdr->scalars[threadIdx.x] = 0;  // host-value scalars only (lean_copy)
+    }
+    if (threadIdx.x == 0 && s_status != 0) qs_snap_merge_status(hdr, tag, s_status);
+}

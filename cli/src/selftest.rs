@@ -1481,6 +1481,33 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             device_alpha: true,
         },
         Variant {
+            name: "bf16 contiguous rows, 300 rows (256 sampled)",
+            scheme: "bf16",
+            m: 300,
+            n: 1024,
+            k: 512,
+            tweak: none,
+            device_alpha: false,
+        },
+        Variant {
+            name: "bf16 contiguous rows, 1 row",
+            scheme: "bf16",
+            m: 1,
+            n: 4096,
+            k: 4096,
+            tweak: none,
+            device_alpha: false,
+        },
+        Variant {
+            name: "fp8 tensor-wise, 129 rows",
+            scheme: "fp8-tensor",
+            m: 129,
+            n: 512,
+            k: 256,
+            tweak: none,
+            device_alpha: false,
+        },
+        Variant {
             name: "f16 device alpha, 1 row",
             scheme: "f16",
             m: 1,
@@ -1490,7 +1517,8 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             device_alpha: true,
         },
     ];
-    variants
+    let mut lean_cases = 0;
+    let mut out: Vec<Outcome> = variants
         .iter()
         .enumerate()
         .map(|(i, v)| {
@@ -1503,10 +1531,22 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
                 if device_epoch { "device-counted" } else { "host-counted" }
             );
             detached_case(checker, v.scheme, v.m, v.n, v.k, v.tweak, v.device_alpha, device_epoch)
-                .map(|(pass, detail)| outcome("sketch detached", case.clone(), pass, detail))
+                .map(|(pass, detail, lean)| {
+                    lean_cases += lean as u32;
+                    outcome("sketch detached", case.clone(), pass, detail)
+                })
                 .unwrap_or_else(|e| error_outcome("sketch detached", case, e))
         })
-        .collect()
+        .collect();
+    // Both copy kernels must have been compared with the in-place check above.
+    let general_cases = variants.len() as u32 - lean_cases;
+    out.push(outcome(
+        "sketch detached",
+        "both snapshot copies covered (lean and general)",
+        lean_cases >= 2 && general_cases >= 2,
+        format!("{lean_cases} cases took the lean copy, {general_cases} the general one"),
+    ));
+    out
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1519,7 +1559,7 @@ fn detached_case(
     tweak: fn(&mut GemmProblem),
     device_alpha: bool,
     device_epoch: bool,
-) -> Result<(bool, String), String> {
+) -> Result<(bool, String, bool), String> {
     use quantshadow_runtime::device::snapshot::SnapshotLayout;
     let es = |e: &dyn std::fmt::Display| e.to_string();
     let mut problem = scheme_problem(scheme, m, n, k);
@@ -1612,15 +1652,18 @@ fn detached_case(
     }
     let _ = &mut inputs;
     let pass = mismatches.is_empty() && worst <= 1e-9;
+    let lean = SnapshotLayout::lean_copy(&g);
     Ok((
         pass,
         format!(
-            "{epochs} epochs of {} rows, snapshot {} KiB, grid {:?}: sums agree to {worst:.1e} relative{}",
+            "{epochs} epochs of {} rows, {} copy, snapshot {} KiB, grid {:?}: sums agree to {worst:.1e} relative{}",
             sample.count,
+            if lean { "lean" } else { "general" },
             layout.bytes >> 10,
             layout.launch.grid,
             if mismatches.is_empty() { String::new() } else { format!("; {}", mismatches.join("; ")) }
         ),
+        lean,
     ))
 }
 

@@ -1304,7 +1304,8 @@ impl KernelBuild {
     }
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
-    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}`.
+    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean form
+    /// `qs_sketch_snap_rows_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         Ok(KernelBuild {
@@ -1323,6 +1324,10 @@ impl KernelBuild {
                 },
                 KernelEntry {
                     name: format!("qs_sketch_snap_{}_{}", a.name(), d.name()),
+                    params: ParamKind::Snap,
+                },
+                KernelEntry {
+                    name: format!("qs_sketch_snap_rows_{}_{}", a.name(), d.name()),
                     params: ParamKind::Snap,
                 },
             ],
@@ -1513,7 +1518,8 @@ mod tests {
                 "qs_sketch_prep",
                 "qs_sketch_wproj_e4m3fn",
                 "qs_sketch_check_e4m3fn_bf16",
-                "qs_sketch_snap_e4m3fn_bf16"
+                "qs_sketch_snap_e4m3fn_bf16",
+                "qs_sketch_snap_rows_e4m3fn_bf16"
             ]
         );
         let o = b.nvrtc_options("compute_90");

@@ -400,7 +400,8 @@ impl GpuChecker {
     }
 
     /// A detached sketch check of the call `g` (`device::snapshot`): the copy kernel
-    /// (`qs_sketch_snap_{a}_{d}`, launched on the caller's stream) of `rows` into the snapshot
+    /// (`qs_sketch_snap_{a}_{d}`, or its lean form when `SnapshotLayout::lean_copy` allows;
+    /// launched on the caller's stream) of `rows` into the snapshot
     /// at `base`, and the check over that snapshot (launched after it, anywhere). The row epoch
     /// comes from `rows.epoch_value`, or from the device counter at `epoch_counter` when not 0
     /// (graph replays).
@@ -420,7 +421,12 @@ impl GpuChecker {
         let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
         let copy = self.prepare(
             &build,
-            &format!("qs_sketch_snap_{}_{}", a.name(), d.name()),
+            &format!(
+                "qs_sketch_snap_{}{}_{}",
+                if super::snapshot::SnapshotLayout::lean_copy(g) { "rows_" } else { "" },
+                a.name(),
+                d.name()
+            ),
             layout.launch,
             layout.params(g, rows, base, epoch_counter),
         )?;
