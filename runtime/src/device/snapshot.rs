@@ -141,7 +141,9 @@ impl SnapshotLayout {
         let (a_rs, a_cs) = g.a.op_strides();
         let whole_vectors = |ptr: u64, ld: u64, len: u64, bits: u64| {
             let bytes = bits / 8;
-            ptr % ROW_ALIGN == 0 && (ld * bytes) % ROW_ALIGN == 0 && (len * bytes) % ROW_ALIGN == 0
+            ptr.is_multiple_of(ROW_ALIGN)
+                && (ld * bytes).is_multiple_of(ROW_ALIGN)
+                && (len * bytes).is_multiple_of(ROW_ALIGN)
         };
         let scalars = [g.alpha, g.a_tensor_scale, g.b_tensor_scale, g.beta, g.d_scale];
         g.batch == 1
