@@ -1490,22 +1490,30 @@ QS_DEVICE void qs_snap_body(const QsSnapParams& P, qs_u64 epoch, qs_u64 st) {
     }
 }
 
+// A snapshot copy's row epoch, in two steps so that a copy can overlap the count's round trip:
+// eager calls pass the epoch (the host counts them: no atomic on the copy's critical path);
+// graph replays take launch L from a counter every block bumps once (called by one thread per
+// block), and stream order makes the blocks of one launch see [L * blocks, (L + 1) * blocks).
+QS_DEVICE qs_u64 qs_snap_count_launch(const QsSnapParams& P) {
+    return P.epoch_counter_ptr ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) : 0;
+}
+QS_DEVICE qs_u64 qs_snap_epoch(const QsSnapParams& P, qs_u64 counted) {
+    return P.epoch_counter_ptr ? counted / ((qs_u64)gridDim.x * gridDim.y) : P.rows.epoch_value;
+}
+// The launch tag a snapshot's header carries: (epoch mod 2^31) + 1, never 0.
+QS_DEVICE qs_u64 qs_snap_tag(qs_u64 epoch) { return (epoch & 0x7FFFFFFFull) + 1; }
+
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
     QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
     __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;  // this block's status bits (qs_flag works on shared addresses)
     if (threadIdx.x == 0) {
-        // Eager calls pass the epoch (the host counts them): no atomic on the copy's critical
-        // path. Graph replays take launch L from a counter every block bumps once: stream
-        // order makes the blocks of one launch see [L * blocks, (L + 1) * blocks).
-        const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
-        s_epoch = P.epoch_counter_ptr ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) / blocks
-                                      : P.rows.epoch_value;
+        s_epoch = qs_snap_epoch(P, qs_snap_count_launch(P));
         s_status = 0;
     }
     __syncthreads();
     const qs_u64 epoch = s_epoch;
-    const qs_u64 tag = (epoch & 0x7FFFFFFFull) + 1;
+    const qs_u64 tag = qs_snap_tag(epoch);
     if (blockIdx.x == 0 && blockIdx.y == 0) {
         if (threadIdx.x == 0) {
             hdr->tag = tag;
@@ -1537,16 +1545,15 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
     __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;
     const QsGemmDesc& g = P.g;
-    const qs_u64 blocks = (qs_u64)gridDim.x * gridDim.y;
     qs_u64 counted = 0;
     if (threadIdx.x == 0) {
-        // As in QS_SKETCH_SNAP: graph replays count launches on the device, eager calls pass it.
-        if (P.epoch_counter_ptr) counted = qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1);
+        counted = qs_snap_count_launch(P);
         s_status = 0;
     }
-    // Rows drawn by epoch wait for it; with all rows taken the copy starts at once.
+    // Rows drawn by epoch wait for it; with all rows taken the copy starts at once (thread 0
+    // reads `counted` only where it stores the epoch).
     const bool rows_by_epoch = P.rows.mode == QS_ROWS_PERM;
-    if (rows_by_epoch && threadIdx.x == 0) s_epoch = P.epoch_counter_ptr ? counted / blocks : P.rows.epoch_value;
+    if (rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
     const qs_u64 t = blockIdx.x;
     qs_u64 row = 0;
@@ -1571,10 +1578,10 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
             if (v < vd) dd[v] = y;
         }
     }
-    if (!rows_by_epoch && threadIdx.x == 0) s_epoch = P.epoch_counter_ptr ? counted / blocks : P.rows.epoch_value;
+    if (!rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
     QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
-    const qs_u64 tag = (s_epoch & 0x7FFFFFFFull) + 1;
+    const qs_u64 tag = qs_snap_tag(s_epoch);
     if (blockIdx.x == 0 && blockIdx.y == 0) {
         if (threadIdx.x == 0) {
             hdr->tag = tag;
