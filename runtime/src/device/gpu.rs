@@ -205,6 +205,22 @@ pub struct PreparedLaunch<P: KernelParams> {
     pub params: P,
 }
 
+impl PreparedLaunch<QsSketchParams> {
+    /// The same check over at most `splits` K/N splits per group (fewer, wider blocks; the
+    /// scratch sized for more serves fewer): for many checks launched at once, which would
+    /// otherwise queue behind each other's blocks.
+    pub fn narrow_splits(&mut self, splits: u32) {
+        let s = splits.clamp(1, self.params.splits);
+        self.params.splits = s;
+        self.config.grid[1] = s;
+    }
+
+    /// Blocks of the launch.
+    pub fn blocks(&self) -> u64 {
+        self.config.grid.iter().map(|&d| d as u64).product()
+    }
+}
+
 /// What one compare reads: rows of D and an f32 reference of the same rows.
 #[derive(Debug, Clone, Copy)]
 pub struct CompareRequest {

@@ -147,6 +147,9 @@ pub trait Backend: Send + Sync {
     fn is_capturing(&self, _stream: u64) -> bool {
         false
     }
+    /// A capture on `stream` is about to end: add the work deferred to its end (CUDA graphs;
+    /// nothing elsewhere).
+    fn capture_ending(&self, _stream: u64) {}
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

@@ -193,12 +193,15 @@ struct RowsState {
 ///   for. Under back-to-back large GEMMs the side stream only progresses between them, so most
 ///   calls are skipped that way (H100, 4096 x 4096 x 4096 called back to back: 25 of 110 calls
 ///   checked).
-/// - Captured calls (CUDA): the check is a graph branch after the copy node that no later
-///   node depends on, so replays do not wait for it (only the graph's end does). Each captured
-///   call of the site within one capture gets its own snapshot buffer (buffers are reused by
-///   later captures: graphs launched on one stream run one after the other). The scratch is
-///   shared by all sites of one shape ([`GraphChain`]), so the branches of one capture that
-///   use it are chained.
+/// - Captured calls (CUDA): the copy is a node on the captured stream. Each captured call of
+///   the site within one capture gets its own snapshot buffer (buffers are reused by later
+///   captures: graphs launched on one stream run one after the other). The check is added
+///   when the capture ends, after its last work ([`DeferredChecks`]), with the site's own
+///   scratch: the checks of a replay then run side by side after its production kernels
+///   instead of beside them (a check beside a decode GEMV slowed it by ~2.5 us on an H100). A
+///   site called again in the same capture (its own scratch taken) gets a graph branch right
+///   after its copy instead, over scratch shared by all sites of one shape ([`GraphChain`]),
+///   so the branches of one capture that use it are chained.
 ///
 /// Eager and captured checks have separate scratch (a side-stream check may still run when a
 /// replay starts). Eager copies take their row epoch from the host's count, captured copies
@@ -218,6 +221,50 @@ struct DetachedState {
     /// Capture id the graph buffers are being handed out for, and how many so far.
     graph_capture: u64,
     graph_used: usize,
+    /// This site's own check scratch for its first captured call of each capture (zeroed at
+    /// set-up, left zeroed by every check), and the capture id that last took it.
+    own_scratch: Option<(SketchScratch, u64)>,
+}
+
+/// Captured checks waiting for the end of their capture (`Backend::capture_ending`), per
+/// capture id, for the latest [`DEFERRED_CAPTURES`] captures. A capture whose end the shim
+/// never sees (not ended through `cuStreamEndCapture`) leaves its checks here until newer
+/// captures push them out, counted as skipped then.
+struct DeferredChecks<T = crate::device::gpu::PreparedLaunch<abi::QsSketchParams>> {
+    captures: Vec<(u64, Vec<T>)>,
+}
+
+impl<T> Default for DeferredChecks<T> {
+    fn default() -> Self {
+        DeferredChecks { captures: Vec::new() }
+    }
+}
+
+const DEFERRED_CAPTURES: usize = 8;
+
+impl<T> DeferredChecks<T> {
+    /// Adds a check for the end of capture `id`; returns how many checks of older captures
+    /// were given up to make room.
+    fn push(&mut self, id: u64, check: T) -> usize {
+        if let Some((_, checks)) = self.captures.iter_mut().find(|(c, _)| *c == id) {
+            checks.push(check);
+            return 0;
+        }
+        let mut given_up = 0;
+        if self.captures.len() == DEFERRED_CAPTURES {
+            given_up = self.captures.remove(0).1.len();
+        }
+        self.captures.push((id, vec![check]));
+        given_up
+    }
+
+    /// The checks deferred to the end of capture `id`, removed.
+    fn take(&mut self, id: u64) -> Vec<T> {
+        match self.captures.iter().position(|(c, _)| *c == id) {
+            Some(i) => self.captures.remove(i).1,
+            None => Vec::new(),
+        }
+    }
 }
 
 /// (sampled rows, K, N, probes): calls of this shape can share sketch scratch.
@@ -323,6 +370,11 @@ enum Detach {
 const SNAPSHOT_MAX_BYTES: u64 = 32 << 20;
 /// Eager calls with fewer sampled rows are checked on their stream (see `sketch_detached`).
 const EAGER_DETACH_MIN_ROWS: u64 = 64;
+/// Captured checks of at most this many sampled rows get a scratch of their own (deferred to
+/// the capture's end); more share their shape's chain.
+const OWN_SCRATCH_MAX_ROWS: u64 = 64;
+/// Skip reason of a captured check deferred to a capture end that was never seen.
+const NEVER_ADDED: &str = "graph capture: check deferred to the capture's end never added (end not seen)";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
 
@@ -372,6 +424,8 @@ pub struct GpuBackend {
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
     /// lock).
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
+    /// Captured checks waiting for their capture's end.
+    deferred: Mutex<DeferredChecks>,
     pool_bytes: u64,
 }
 
@@ -460,6 +514,7 @@ impl GpuBackend {
             eager_snapshots: Mutex::default(),
             eager_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
+            deferred: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
         })
     }
@@ -761,7 +816,8 @@ impl GpuBackend {
             }
             Some(id) => {
                 // Captured: this capture's next snapshot buffer, the copy captured on the
-                // stream, the check a branch after it (and after the capture's previous one).
+                // stream, the check deferred to the capture's end (the site's own scratch) or
+                // a branch after the copy (and after the capture's previous one).
                 if st.graph_capture != id {
                     st.graph_capture = id;
                     st.graph_used = 0;
@@ -788,6 +844,19 @@ impl GpuBackend {
                     return Detach::OnStream; // set up with the state: not reached
                 };
                 let buffer = st.graph_buffers[st.graph_used].ptr;
+                if let Some((scratch, capture)) = st.own_scratch.as_mut().filter(|(_, c)| *c != id) {
+                    let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
+                        Ok(check) => check,
+                        Err(skip) => return skip,
+                    };
+                    st.graph_used += 1;
+                    *capture = id;
+                    let given_up = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(id, check);
+                    for _ in 0..given_up {
+                        super::note_skip(NEVER_ADDED);
+                    }
+                    return Detach::Done;
+                }
                 let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, &chain.scratch) {
                     Ok(check) => check,
                     Err(skip) => return skip,
@@ -834,6 +903,8 @@ impl GpuBackend {
         {
             e.insert(GraphChain { scratch: scratch()?, branches: LastBranches::default() });
         }
+        // Decode-sized counts only: ~50 KB at one row, ~400 KB from 8 rows on (per site).
+        let own_scratch = if count <= OWN_SCRATCH_MAX_ROWS { Some((scratch()?, u64::MAX)) } else { None };
         Ok(Some(DetachedState {
             layout,
             epoch_counter,
@@ -843,6 +914,7 @@ impl GpuBackend {
             graph_buffers: vec![],
             graph_capture: u64::MAX,
             graph_used: 0,
+            own_scratch,
         }))
     }
 
@@ -1233,6 +1305,29 @@ impl Backend for GpuBackend {
         self.poll_diagnoses(diagnosis_slots, out);
     }
 
+    fn capture_ending(&self, stream: u64) {
+        let stream = Stream(stream);
+        let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
+        let mut checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
+        // They run all at once: narrowed to share one resident wave of blocks (blocks beyond it
+        // would wait for earlier checks' slow finishing stages).
+        let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
+        let rows_blocks: u64 = checks.iter().map(|c| c.blocks() / c.params.splits.max(1) as u64).sum();
+        let splits = (wave / rows_blocks.max(1)).clamp(1, u32::MAX as u64) as u32;
+        for check in &mut checks {
+            check.narrow_splits(splits);
+        }
+        for check in &checks {
+            // Branches from the capture's last work: after every production kernel of a replay.
+            if let Err(e) = self.checker.launch_prepared_branch(check, stream, None) {
+                super::note_skip(&format!(
+                    "graph capture: deferred check not added: {}",
+                    short(&e.to_string())
+                ));
+            }
+        }
+    }
+
     fn dropped(&self) -> u64 {
         self.checker.ring.lock().unwrap_or_else(|e| e.into_inner()).dropped()
     }
@@ -1276,6 +1371,26 @@ fn status_reason(status: u32) -> String {
 mod tests {
     use super::*;
     use crate::device::GraphNode;
+
+    #[test]
+    fn deferred_checks_wait_for_their_own_capture_end() {
+        let mut d = DeferredChecks::<u32>::default();
+        assert_eq!(d.push(7, 1), 0);
+        assert_eq!(d.push(9, 2), 0);
+        assert_eq!(d.push(7, 3), 0);
+        assert_eq!(d.take(7), vec![1, 3], "in capture order, only capture 7's");
+        assert!(d.take(7).is_empty(), "taken once");
+        assert_eq!(d.take(9), vec![2]);
+        // Captures whose end is never seen are given up, oldest first, and counted.
+        for id in 0..DEFERRED_CAPTURES as u64 {
+            assert_eq!(d.push(100 + id, 0), 0);
+            assert_eq!(d.push(100 + id, 0), 0);
+        }
+        assert_eq!(d.push(1000, 5), 2, "the oldest capture's two checks make room");
+        assert!(d.take(100).is_empty());
+        assert_eq!(d.take(101).len(), 2);
+        assert_eq!(d.take(1000), vec![5]);
+    }
 
     #[test]
     fn last_branches_chain_within_each_capture() {

@@ -151,6 +151,18 @@ pub fn note_skip(reason: &str) {
     }
 }
 
+/// A capture on `stream` is about to end: the backend adds the checks it deferred to the end
+/// of that capture. Never starts the engine.
+pub fn on_capture_end(stream: u64) {
+    if let Some(Some(e)) = ENGINE.get() {
+        if !FORKED_CHILD.load(Ordering::Relaxed) {
+            if let Some(b) = &e.backend {
+                b.capture_ending(stream);
+            }
+        }
+    }
+}
+
 /// Whether the engine has been started in this process (for tests of inertness).
 pub fn started() -> bool {
     ENGINE.get().is_some()

@@ -128,6 +128,12 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         self.probe.is_capturing(stream)
     }
 
+    fn capture_ending(&self, stream: u64) {
+        if let Ok(b) = self.current(stream) {
+            b.capture_ending(stream);
+        }
+    }
+
     fn dropped(&self) -> u64 {
         self.all().iter().map(|b| b.dropped()).sum()
     }

@@ -70,6 +70,19 @@ macro_rules! launch {
 launch!(launch, cuGraphLaunch);
 launch!(launch_ptsz, cuGraphLaunch_ptsz);
 
+macro_rules! end_capture {
+    ($handler:ident, $sym:ident) => {
+        /// The end of a stream capture: the engine first adds the checks it deferred to the
+        /// capture's end (they run after the graph's production work), then the capture ends.
+        pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
+            crate::engine::on_capture_end(a.stream as u64);
+            real.call()
+        }
+    };
+}
+end_capture!(end_capture, cuStreamEndCapture);
+end_capture!(end_capture_ptsz, cuStreamEndCapture_ptsz);
+
 pub fn exec_destroy(a: &hook::cuGraphExecDestroy::Args, real: &RealCall) -> i32 {
     if let Some(sel) = graph_select::get() {
         sel.on_exec_destroy(a.exec as u64);

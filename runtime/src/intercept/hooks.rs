@@ -140,6 +140,11 @@ macro_rules! for_each_hook {
                 exec_out: *mut *mut c_void, graph: *mut c_void, params: *mut c_void);
             cuGraphLaunch: graph::launch, missing = 500, (exec: *mut c_void, stream: *mut c_void);
             cuGraphLaunch_ptsz: graph::launch_ptsz, missing = 500, (exec: *mut c_void, stream: *mut c_void);
+            // The end of a capture: checks deferred to it are added after its last work.
+            cuStreamEndCapture: graph::end_capture, missing = 500, (stream: *mut c_void,
+                graph_out: *mut *mut c_void);
+            cuStreamEndCapture_ptsz: graph::end_capture_ptsz, missing = 500, (stream: *mut c_void,
+                graph_out: *mut *mut c_void);
             cuGraphExecDestroy: graph::exec_destroy, missing = 500, (exec: *mut c_void);
             cuGraphDestroy: graph::graph_destroy, missing = 500, (graph: *mut c_void);
             // Changes to an executable after instantiation: the selection is dropped first.
