@@ -129,7 +129,10 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
     }
 
     fn capture_ending(&self, stream: u64) {
-        if let Ok(b) = self.current(stream) {
+        // Only a started backend can have deferred anything: never start one here.
+        let Ok(ordinal) = self.probe.current_ordinal() else { return };
+        let backend = self.devices.read().unwrap_or_else(|e| e.into_inner()).get(&ordinal).cloned();
+        if let Some(b) = backend {
             b.capture_ending(stream);
         }
     }
@@ -160,6 +163,7 @@ mod tests {
     struct Fake {
         ordinal: i32,
         calls: AtomicU64,
+        capture_ends: AtomicU64,
     }
 
     impl Backend for Fake {
@@ -181,6 +185,9 @@ mod tests {
             for _ in 0..n {
                 out.push(Polled::Failed { site_ordinal: self.ordinal as u32, reason: "served".into() });
             }
+        }
+        fn capture_ending(&self, _: u64) {
+            self.capture_ends.fetch_add(1, Ordering::Relaxed);
         }
         fn dropped(&self) -> u64 {
             self.ordinal as u64
@@ -214,7 +221,7 @@ mod tests {
                 if ordinal == broken {
                     return Err("no memory".into());
                 }
-                Ok(Fake { ordinal, calls: AtomicU64::new(0) })
+                Ok(Fake { ordinal, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
             }),
         )
         .unwrap();
@@ -276,6 +283,18 @@ mod tests {
         assert_eq!(served(&per), [0, 1, 1]);
         assert_eq!(per.dropped(), 1, "drops of every device are summed");
         assert_eq!(per.device(), ("gpu0".to_string(), "sm_test".to_string()));
+    }
+
+    #[test]
+    fn a_capture_end_reaches_the_current_device_and_never_starts_one() {
+        let (per, current, _, starts) = per_device(-1);
+        per.capture_ending(5);
+        current.store(3, Ordering::Relaxed);
+        per.capture_ending(5);
+        assert_eq!(per.started(), [0], "device 3 has deferred nothing: not started for it");
+        assert_eq!(starts.load(Ordering::Relaxed), 1);
+        let ends = per.all().iter().map(|b| b.capture_ends.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        assert_eq!(ends, [1], "device 0's backend saw its capture end once");
     }
 
     #[test]
