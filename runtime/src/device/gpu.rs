@@ -215,9 +215,9 @@ impl PreparedLaunch<QsSketchParams> {
         self.config.grid[1] = s;
     }
 
-    /// Blocks of the launch.
-    pub fn blocks(&self) -> u64 {
-        self.config.grid.iter().map(|&d| d as u64).product()
+    /// Row groups of the launch (its blocks per split).
+    pub fn groups(&self) -> u64 {
+        self.config.grid[0] as u64
     }
 }
 

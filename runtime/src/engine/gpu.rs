@@ -844,12 +844,18 @@ impl GpuBackend {
                     return Detach::OnStream; // set up with the state: not reached
                 };
                 let buffer = st.graph_buffers[st.graph_used].ptr;
-                if let Some((scratch, capture)) = st.own_scratch.as_mut().filter(|(_, c)| *c != id) {
-                    let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
-                        Ok(check) => check,
-                        Err(skip) => return skip,
-                    };
-                    st.graph_used += 1;
+                // The site's own scratch if this capture has not taken it yet: deferred.
+                let own = match &mut st.own_scratch {
+                    Some((scratch, capture)) if *capture != id => Some((scratch, capture)),
+                    _ => None,
+                };
+                let scratch = own.as_ref().map_or(&chain.scratch, |(s, _)| &**s);
+                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
+                    Ok(check) => check,
+                    Err(skip) => return skip,
+                };
+                st.graph_used += 1;
+                if let Some((_, capture)) = own {
                     *capture = id;
                     let given_up = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(id, check);
                     for _ in 0..given_up {
@@ -857,11 +863,6 @@ impl GpuBackend {
                     }
                     return Detach::Done;
                 }
-                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, &chain.scratch) {
-                    Ok(check) => check,
-                    Err(skip) => return skip,
-                };
-                st.graph_used += 1;
                 match self.checker.launch_prepared_branch(&check, stream, chain.branches.last(id)) {
                     Ok(node) => {
                         chain.branches.set_last(id, node);
@@ -1312,8 +1313,8 @@ impl Backend for GpuBackend {
         // They run all at once: narrowed to share one resident wave of blocks (blocks beyond it
         // would wait for earlier checks' slow finishing stages).
         let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
-        let rows_blocks: u64 = checks.iter().map(|c| c.blocks() / c.params.splits.max(1) as u64).sum();
-        let splits = (wave / rows_blocks.max(1)).clamp(1, u32::MAX as u64) as u32;
+        let groups: u64 = checks.iter().map(|c| c.groups()).sum();
+        let splits = (wave / groups.max(1)).clamp(1, u32::MAX as u64) as u32;
         for check in &mut checks {
             check.narrow_splits(splits);
         }
