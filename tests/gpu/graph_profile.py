@@ -1,7 +1,7 @@
 """Kernel-level timeline of a CUDA-graph decode step (the overhead_mlp.py layers), through
 PyTorch's profiler (CUPTI sees the kernels inside graph replays).
 
-    python3 tests/gpu/graph_profile.py [label] [--eager-first] [--side-work | --side-wait] [--after] [--timeline] [--prefill]
+    python3 tests/gpu/graph_profile.py [label] [--repeat N] [--eager-first] [--side-work | --side-wait] [--after] [--timeline] [--prefill]
 
 Replays the captured step 40 times under the profiler and prints, per kernel position in a
 replay: the kernel's name, its mean duration and the mean gap since the previous kernel of the
@@ -13,7 +13,10 @@ do: without the shim they show whether such work alone changes later replays. --
 those passes after the capture instead of before it. Run with and without the shim: a per-replay cost that is not in the kernels' durations
 is in the gaps, and a kernel that differs shows by name.
 --timeline also prints one replay's operations in start order with their stream, start offset
-and duration (graph branches overlap, so positions alone do not say what ran beside what).
+and duration (graph branches overlap, so positions alone do not say what ran beside what), and
+a summary of the replay's checks: how many ran at once at most, on how many streams, and the
+tail from the last production kernel's end to the last check's end.
+--repeat N stacks N copies of the six layers, as overhead_mlp.py does.
 --prefill profiles eager prefill passes (M=512) instead: per stream, the kernels' summed time
 and the pass span.
 """
@@ -32,9 +35,10 @@ REPLAYS = 40
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
+    args = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and sys.argv[i - 1] != "--repeat"]
     label = args[0] if args else "run"
-    forward = make_layers()
+    forward = make_layers(repeat)
     xp = torch.randn(512, 4096, device="cuda").to(torch.bfloat16)
     xd = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
     side = torch.cuda.Stream()
@@ -111,6 +115,19 @@ def print_timeline(label, events):
     print("| --- | --- | --- | --- |")
     for e in events:
         print(f"| {e['ts'] - t0:.2f} | {e['ts'] + e['dur'] - t0:.2f} | {e.get('tid')} | {e['name'][:60]} |")
+    checks = [e for e in events if e["name"].startswith("qs_sketch_check")]
+    if checks:
+        edges = sorted([(e["ts"], 1) for e in checks] + [(e["ts"] + e["dur"], -1) for e in checks])
+        running = most = 0
+        for _, step in edges:
+            running += step
+            most = max(most, running)
+        production_end = max((e["ts"] + e["dur"] for e in events if not e["name"].startswith("qs_")), default=t0)
+        checks_end = max(e["ts"] + e["dur"] for e in checks)
+        durs = sorted(e["dur"] for e in checks)
+        print(f"{label}: {len(checks)} checks on {len({e.get('tid') for e in checks})} streams, at most {most} at once; "
+              f"each {durs[0]:.1f}-{durs[-1]:.1f} us (median {statistics.median(durs):.1f}); "
+              f"tail after the last production kernel {checks_end - production_end:.1f} us")
 
 
 def profile_prefill(label, forward, xp, passes=20):

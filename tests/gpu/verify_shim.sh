@@ -2,6 +2,8 @@
 # GPU verification of the shim (issue 4): run from the repo root on the GPU host with the
 # release artifacts in .gpu/main (quantshadow + libquantshadow.so). Logs and reports go to $OUT.
 #   tests/gpu/verify_shim.sh [ops] [llama] [overhead]
+# llama and overhead run torch_llama.py with --graph (eager decode and CUDA-graph decode) at
+# LLAMA_SIZE (small, the default, or 8b-width); overhead passes LLAMA_ARGS on (e.g. --trials 5 --prompt 1024).
 source tests/gpu/common.sh
 steps=${*:-ops llama overhead}
 for step in $steps; do
@@ -15,10 +17,12 @@ for step in $steps; do
     done
     ;;
   llama)
-    python3 tests/gpu/torch_llama.py "$OUT/llama_plain.json" >"$OUT/llama_plain.log" 2>&1
+    llama=(tests/gpu/torch_llama.py --graph --size "${LLAMA_SIZE:-small}")
+    python3 "${llama[0]}" "$OUT/llama_plain.json" "${llama[@]:1}" >"$OUT/llama_plain.log" 2>&1
     quantshadow run --label llama-bf16 --names "$OUT/names.json" --out "$OUT/llama_sketch" -- \
-      python3 tests/gpu/torch_llama.py "$OUT/llama_sketch.json" >"$OUT/llama_sketch.log" 2>&1
-    echo "llama sketch: run exit $?; tokens $(same "$OUT/llama_plain.json" "$OUT/llama_sketch.json")"
+      python3 "${llama[0]}" "$OUT/llama_sketch.json" "${llama[@]:1}" >"$OUT/llama_sketch.log" 2>&1
+    echo "llama sketch: run exit $?; tokens (eager and graph) $(same "$OUT/llama_plain.json" "$OUT/llama_sketch.json")"
+    grep -E "^(Calls|Checks|Result)|^\*\*" "$OUT/llama_sketch/report.md" | head -5
     ;;
   overhead)
     # Two interleaved rounds of every configuration (the machine drifts; medians per run).
@@ -27,10 +31,10 @@ for step in $steps; do
         set -- $cfg
         tag="${1}_${2//\//_}_r$round"
         if [ "$1" = plain ]; then
-          python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+          python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing --graph --size "${LLAMA_SIZE:-small}" ${LLAMA_ARGS:-} >"$OUT/t_$tag.log" 2>&1
         else
           QUANTSHADOW_MODE=$1 QUANTSHADOW_SAMPLE=$2 LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so \
-            python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing >"$OUT/t_$tag.log" 2>&1
+            python3 tests/gpu/torch_llama.py "$OUT/t_$tag.json" --timing --graph --size "${LLAMA_SIZE:-small}" ${LLAMA_ARGS:-} >"$OUT/t_$tag.log" 2>&1
         fi
         echo "round $round $1 $2: $(grep prefill_tok_s "$OUT/t_$tag.log")"
       done
