@@ -107,6 +107,10 @@ pub struct CudaRuntime {
     /// cuStreamGetCaptureInfo_v3 and cuGraphAddKernelNode_v2 (CUDA >= 12.3): detached checks
     /// inside graph captures. Without them captured checks stay on the captured stream.
     graph_branches: bool,
+    /// cuStreamUpdateCaptureDependencies_v2, cuGraphNodeGetDependentNodes_v2 and
+    /// cuGraphAddDependencies_v2 (CUDA >= 12.3): a snapshot copy beside the next captured GEMM,
+    /// joined afterwards. Without them the copy stays on the captured stream.
+    branch_joins: bool,
     nvrtc: OnceLock<Result<(), DeviceError>>,
 }
 
@@ -167,7 +171,15 @@ impl CudaRuntime {
         let elapsed_v2 = symbol_present(Lib::Driver, "cuEventElapsedTime_v2");
         let graph_branches = symbol_present(Lib::Driver, "cuStreamGetCaptureInfo_v3")
             && symbol_present(Lib::Driver, "cuGraphAddKernelNode_v2");
-        Ok(CudaRuntime { elapsed_v2, graph_branches, nvrtc: OnceLock::new() })
+        let branch_joins = graph_branches
+            && [
+                "cuStreamUpdateCaptureDependencies_v2",
+                "cuGraphNodeGetDependentNodes_v2",
+                "cuGraphAddDependencies_v2",
+            ]
+            .iter()
+            .all(|name| symbol_present(Lib::Driver, name));
+        Ok(CudaRuntime { elapsed_v2, graph_branches, branch_joins, nvrtc: OnceLock::new() })
     }
 
     /// (capture id, graph, the stream's current dependencies) of an active capture on `s`.
@@ -534,6 +546,70 @@ impl GpuRuntime for CudaRuntime {
         })
     }
 
+    fn capture_frontier(&self, s: Stream) -> Result<Option<Vec<GraphNode>>, DeviceError> {
+        if !self.branch_joins {
+            return Ok(None);
+        }
+        Ok(self.capture_info(s)?.map(|(_, _, deps)| deps.into_iter().map(|n| GraphNode(n as u64)).collect()))
+    }
+
+    fn join_graph_branch(
+        &self,
+        s: Stream,
+        node: GraphNode,
+        from: &[GraphNode],
+        into_stream: bool,
+    ) -> Result<(), DeviceError> {
+        let Some((_, graph, _)) = (if self.branch_joins { self.capture_info(s)? } else { None }) else {
+            return Err(DeviceError::Unsupported("no capture in progress (or no graph edge calls)".into()));
+        };
+        let branch = node.0 as cu::CUgraphNode;
+        for &f in from {
+            let f = f.0 as cu::CUgraphNode;
+            let mut n = 0usize;
+            // SAFETY (this block): branch_joins implies the symbols; the nodes belong to the
+            // capture in progress (valid until it ends, which cannot happen during this call on
+            // the capturing thread); out-pointers are valid locals or a vector of the driver's
+            // own count. Adding edges is legal while capturing (only removal is not).
+            check("cuGraphNodeGetDependentNodes_v2", unsafe {
+                cu::cuGraphNodeGetDependentNodes_v2(f, std::ptr::null_mut(), std::ptr::null_mut(), &mut n)
+            })?;
+            let mut dependents: Vec<cu::CUgraphNode> = vec![std::ptr::null_mut(); n];
+            if n > 0 {
+                check("cuGraphNodeGetDependentNodes_v2", unsafe {
+                    cu::cuGraphNodeGetDependentNodes_v2(
+                        f,
+                        dependents.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                        &mut n,
+                    )
+                })?;
+                dependents.truncate(n);
+            }
+            for d in dependents {
+                if d == branch || from.iter().any(|x| x.0 as cu::CUgraphNode == d) {
+                    continue;
+                }
+                check("cuGraphAddDependencies_v2", unsafe {
+                    cu::cuGraphAddDependencies_v2(graph, &branch, &d, std::ptr::null(), 1)
+                })?;
+            }
+        }
+        if into_stream {
+            let mut nodes = [branch];
+            check("cuStreamUpdateCaptureDependencies_v2", unsafe {
+                cu::cuStreamUpdateCaptureDependencies_v2(
+                    stream(s),
+                    nodes.as_mut_ptr(),
+                    std::ptr::null(),
+                    1,
+                    cu::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES as u32,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     unsafe fn launch_graph_branch(
         &self,
         function: Function,
@@ -550,8 +626,10 @@ impl GpuRuntime for CudaRuntime {
                 "no capture in progress (or no cuGraphAddKernelNode_v2)".into(),
             ));
         };
-        if let Some(a) = after {
-            deps.push(a.0 as cu::CUgraphNode);
+        // A node listed twice is an invalid dependency set (the capture's frontier may already
+        // hold `after`, e.g. a snapshot copy joined into the stream).
+        if let Some(a) = after.map(|a| a.0 as cu::CUgraphNode).filter(|a| !deps.contains(a)) {
+            deps.push(a);
         }
         let node_params = cu::CUDA_KERNEL_NODE_PARAMS {
             func: function.0 as cu::CUfunction,

@@ -191,6 +191,29 @@ pub trait GpuRuntime: Send + Sync {
         Ok(None)
     }
 
+    /// The stream's current capture dependencies (the nodes the next captured work will
+    /// follow); None when not capturing or unknown.
+    fn capture_frontier(&self, stream: Stream) -> Result<Option<Vec<GraphNode>>, DeviceError> {
+        let _ = stream;
+        Ok(None)
+    }
+
+    /// Orders `node`, a branch added after the nodes `from` of the capture on `stream`, before
+    /// everything captured since then: an edge from `node` to every dependent of `from` (other
+    /// than `node` and `from` themselves), and, with `into_stream`, `node` added to the
+    /// stream's capture dependencies so that the next captured work follows it too. Runtimes
+    /// without it return `Unsupported`.
+    fn join_graph_branch(
+        &self,
+        stream: Stream,
+        node: GraphNode,
+        from: &[GraphNode],
+        into_stream: bool,
+    ) -> Result<(), DeviceError> {
+        let _ = (stream, node, from, into_stream);
+        Err(DeviceError::Unsupported("graph branches are not implemented for this runtime".into()))
+    }
+
     /// Adds a kernel node to the graph `stream` is capturing into, after the stream's current
     /// capture dependencies (the work just captured) and `after`, without making later captured
     /// work depend on it: a branch that runs at every replay and that nothing waits for but the

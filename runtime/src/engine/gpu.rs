@@ -21,6 +21,7 @@ mod gpu_diagnose;
 mod gpu_inject;
 
 use super::backend::{Backend, CheckOutcome, CheckRequest, InjectRequest, Injected, Polled, PreCall};
+use super::copy_beside::{PendingCopies, PendingCopy, Settle, Span};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
@@ -193,7 +194,8 @@ struct RowsState {
 ///   for. Under back-to-back large GEMMs the side stream only progresses between them, so most
 ///   calls are skipped that way (H100, 4096 x 4096 x 4096 called back to back: 25 of 110 calls
 ///   checked).
-/// - Captured calls (CUDA): the copy is a node on the captured stream. Each captured call of
+/// - Captured calls (CUDA): the copy is a node on the captured stream, or, for a deferred
+///   check, a branch that the next captured GEMM may run beside ([`super::copy_beside`]). Each captured call of
 ///   the site within one capture gets its own snapshot buffer (buffers are reused by later
 ///   captures: graphs launched on one stream run one after the other). The check is added
 ///   when the capture ends, after its last work ([`DeferredChecks`]), with the site's own
@@ -230,7 +232,7 @@ struct DetachedState {
 /// capture id, for the latest [`DEFERRED_CAPTURES`] captures. A capture whose end the shim
 /// never sees (not ended through `cuStreamEndCapture`) leaves its checks here until newer
 /// captures push them out, counted as skipped then.
-struct DeferredChecks<T = crate::device::gpu::PreparedLaunch<abi::QsSketchParams>> {
+struct DeferredChecks<T = DeferredCheck> {
     captures: Vec<(u64, Vec<T>)>,
 }
 
@@ -241,6 +243,13 @@ impl<T> Default for DeferredChecks<T> {
 }
 
 const DEFERRED_CAPTURES: usize = 8;
+
+/// A check deferred to its capture's end, and its snapshot copy's node when that copy is a
+/// branch ([`super::copy_beside`]): the check is added after it.
+struct DeferredCheck {
+    launch: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
+    copy: Option<crate::device::GraphNode>,
+}
 
 impl<T> DeferredChecks<T> {
     /// Adds a check for the end of capture `id`; returns how many checks of older captures
@@ -426,6 +435,8 @@ pub struct GpuBackend {
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
     /// Captured checks waiting for their capture's end.
     deferred: Mutex<DeferredChecks>,
+    /// Snapshot copies of deferred checks not yet ordered before later captured work.
+    copies: Mutex<PendingCopies>,
     pool_bytes: u64,
 }
 
@@ -515,6 +526,7 @@ impl GpuBackend {
             eager_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
+            copies: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
         })
     }
@@ -850,13 +862,60 @@ impl GpuBackend {
                     _ => None,
                 };
                 let scratch = own.as_ref().map_or(&chain.scratch, |(s, _)| &**s);
-                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
-                    Ok(check) => check,
-                    Err(skip) => return skip,
+                // A deferred check's copy goes beside the next GEMM where the driver allows.
+                let frontier = match own {
+                    Some(_) => self.runtime.capture_frontier(stream).ok().flatten(),
+                    None => None,
+                };
+                let (check, copy) = match frontier {
+                    Some(after) => {
+                        let prepared = self
+                            .checker
+                            .prepare_detached(
+                                g,
+                                layout,
+                                rows,
+                                buffer,
+                                st.epoch_counter.ptr,
+                                weight,
+                                scratch,
+                                tag,
+                            )
+                            .map_err(|e| launch_err("set-up", e));
+                        let (copy, check) = match prepared {
+                            Ok(p) => p,
+                            Err(skip) => return skip,
+                        };
+                        let node = match self.checker.launch_prepared_branch(&copy, stream, None) {
+                            Ok(node) => node,
+                            Err(e) => return launch_err("copy branch", e),
+                        };
+                        let pending = PendingCopy {
+                            capture: id,
+                            stream: stream.0,
+                            node,
+                            after,
+                            reads: snapshot_reads(g),
+                            beside: false,
+                        };
+                        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(old) = copies.take(stream.0) {
+                            self.join_copy(&mut copies, old, true);
+                        }
+                        if let Some(out) = copies.push(pending) {
+                            self.join_copy(&mut copies, out, false);
+                        }
+                        (check, Some(node))
+                    }
+                    None => match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
+                        Ok(check) => (check, None),
+                        Err(skip) => return skip,
+                    },
                 };
                 st.graph_used += 1;
                 if let Some((_, capture)) = own {
                     *capture = id;
+                    let check = DeferredCheck { launch: check, copy };
                     let given_up = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(id, check);
                     for _ in 0..given_up {
                         super::note_skip(NEVER_ADDED);
@@ -1130,6 +1189,53 @@ impl GpuBackend {
     /// check kernel, or with `gate` None a node that only feeds one), so that the graph's
     /// unsampled replays can launch without it (`graph_select`). Nothing for ungated captures
     /// (`sample all`): every replay runs their checks.
+    /// Before a GEMM on a stream with a pending snapshot copy: lets the GEMM run beside the
+    /// copy when it comes straight after the copy's GEMM and writes nothing the copy reads,
+    /// otherwise puts the copy in front of everything captured since ([`super::copy_beside`]).
+    fn settle_copy_before(&self, req: &CheckRequest) {
+        let stream = Stream(req.call.stream);
+        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(copy) = copies.take(stream.0) else { return };
+        if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
+            return; // Its capture ended unseen: its check was never added.
+        }
+        let writes = if req.call.pointer_arrays.is_some() {
+            None
+        } else {
+            let p = &req.call.problem;
+            let bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize) as u64;
+            Some((req.call.buffers.d, req.call.buffers.d.saturating_add(bytes)))
+        };
+        match self.runtime.capture_frontier(stream) {
+            Ok(Some(frontier)) if copy.settle(&frontier, writes) == Settle::Beside => {
+                copies.put_back(PendingCopy { beside: true, ..copy })
+            }
+            _ => self.join_copy(&mut copies, copy, true),
+        }
+    }
+
+    /// After a GEMM: a copy it ran beside joins the stream, so that later work waits for it.
+    fn settle_copy_after(&self, stream: Stream) {
+        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(copy) = copies.take(stream.0) else { return };
+        if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
+            return;
+        }
+        if copy.beside && self.runtime.join_graph_branch(stream, copy.node, &[], true).is_ok() {
+            return;
+        }
+        self.join_copy(&mut copies, copy, true);
+    }
+
+    /// Orders a pending copy before everything captured after its GEMM (and, with
+    /// `into_stream`, before the stream's next work); a failure drops its check later.
+    fn join_copy(&self, copies: &mut PendingCopies, copy: PendingCopy, into_stream: bool) {
+        let stream = Stream(copy.stream);
+        if self.runtime.join_graph_branch(stream, copy.node, &copy.after, into_stream).is_err() {
+            copies.fail(copy.capture, copy.node);
+        }
+    }
+
     fn note_check_node(
         &self,
         req: &CheckRequest,
@@ -1149,6 +1255,32 @@ impl GpuBackend {
     fn weights_rewritten(&self, site_id: u64) -> bool {
         self.inject.lock().unwrap_or_else(|e| e.into_inner()).rewrites_weights(site_id)
     }
+}
+
+/// Byte ranges a check's snapshot copy reads: A, A's scales, C, D, the row bias and the
+/// scalars kept in device memory (an unknown format counts 8 bytes per element).
+fn snapshot_reads(g: &QsGemmDesc) -> Vec<Span> {
+    let span = |ptr: u64, elements: u64, format: u32| {
+        let bytes = match crate::formats::Format::from_u8(format as u8) {
+            Some(f) if format <= u8::MAX as u32 => f.bytes_for(elements as usize) as u64,
+            _ => elements.saturating_mul(8),
+        };
+        (ptr, ptr.saturating_add(bytes))
+    };
+    let mut reads = vec![
+        span(g.a.ptr, g.a.extent, g.a.format),
+        span(g.c.ptr, g.c.extent, g.c.format),
+        span(g.d.ptr, g.d.extent, g.d.format),
+        span(g.a_scale.ptr, g.a_scale.extent, g.a_scale.format),
+        span(g.bias.ptr, g.bias.extent, g.bias.format),
+    ];
+    for s in [&g.alpha, &g.beta, &g.a_tensor_scale, &g.b_tensor_scale, &g.d_scale] {
+        if s.on_device != 0 {
+            reads.push((s.ptr, s.ptr.saturating_add(8)));
+        }
+    }
+    reads.retain(|&(start, end)| start != 0 && end > start);
+    reads
 }
 
 /// Error text without addresses or sizes (skip reasons are counted per string).
@@ -1180,6 +1312,7 @@ impl Backend for GpuBackend {
 
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {
         self.same_device()?;
+        self.settle_copy_before(req);
         if req.call.pointer_arrays.is_some() {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
@@ -1229,6 +1362,7 @@ impl Backend for GpuBackend {
     fn after_call(&self, req: &CheckRequest, pre: PreCall) -> Result<(), Skip> {
         self.same_device()?;
         let stream = Stream(req.call.stream);
+        self.settle_copy_after(stream);
         let capturing = self
             .runtime
             .is_capturing(stream)
@@ -1309,18 +1443,37 @@ impl Backend for GpuBackend {
     fn capture_ending(&self, stream: u64) {
         let stream = Stream(stream);
         let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
+        // Copies still pending go in front of everything captured after their GEMMs.
+        let failed = {
+            let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+            for copy in copies.take_capture(id) {
+                let into_stream = copy.stream == stream.0;
+                self.join_copy(&mut copies, copy, into_stream);
+            }
+            copies.take_failed(id)
+        };
         let mut checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
+        checks.retain(|c| match c.copy {
+            Some(node) if failed.contains(&node) => {
+                super::note_skip(
+                    "graph capture: snapshot copy could not be ordered before later work (check dropped)",
+                );
+                false
+            }
+            _ => true,
+        });
         // They run all at once: narrowed to share one resident wave of blocks (blocks beyond it
         // would wait for earlier checks' slow finishing stages).
         let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
-        let groups: u64 = checks.iter().map(|c| c.groups()).sum();
+        let groups: u64 = checks.iter().map(|c| c.launch.groups()).sum();
         let splits = (wave / groups.max(1)).clamp(1, u32::MAX as u64) as u32;
         for check in &mut checks {
-            check.narrow_splits(splits);
+            check.launch.narrow_splits(splits);
         }
         for check in &checks {
-            // Branches from the capture's last work: after every production kernel of a replay.
-            if let Err(e) = self.checker.launch_prepared_branch(check, stream, None) {
+            // Branches from the capture's last work (after every production kernel of a
+            // replay) and from the check's own copy.
+            if let Err(e) = self.checker.launch_prepared_branch(&check.launch, stream, check.copy) {
                 super::note_skip(&format!(
                     "graph capture: deferred check not added: {}",
                     short(&e.to_string())

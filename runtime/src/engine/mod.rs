@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod config;
+mod copy_beside;
 pub mod gpu;
 pub mod graph_select;
 pub mod host;

@@ -1,0 +1,197 @@
+//! Snapshot copies of captured checks run beside the next captured GEMM instead of in front of it.
+//!
+//! A deferred captured check reads a snapshot that a copy node takes right after its GEMM. On
+//! the captured stream that copy delays every later kernel by ~2.5 us per checked GEMM (H100,
+//! `docs/measurements/2026-11-25-h100-llama-graph-decode.md`). It only has to come before work
+//! that may overwrite what it reads. The copy is therefore added as a branch after the GEMM and
+//! left pending. The next event on that stream settles it:
+//! - **Next intercepted GEMM, nothing captured since.** If the GEMM writes none of the copy's
+//!   source ranges, it runs beside the copy ([`Settle::Beside`]). The copy joins the stream
+//!   right after that GEMM, so the work after it waits for the copy.
+//! - **Anything else.** Other work was captured since, a range overlaps, or the capture is
+//!   ending. The copy is put in front of everything captured after its GEMM: an edge to every
+//!   dependent of the GEMM's nodes ([`Settle::Join`]). A capture is only recorded, never run,
+//!   until it is instantiated, so the edges still take effect.
+//!
+//! A copy that cannot be ordered has an unreliable snapshot. Its check is dropped at the
+//! capture's end, never judged ([`PendingCopies::failed`]).
+
+use crate::device::GraphNode;
+
+/// Byte ranges `[start, end)`.
+pub(crate) type Span = (u64, u64);
+
+/// A copy node waiting to be ordered before later work of its stream.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PendingCopy {
+    pub capture: u64,
+    pub stream: u64,
+    pub node: GraphNode,
+    /// The stream's capture dependencies the copy was added after (its GEMM's nodes).
+    pub after: Vec<GraphNode>,
+    /// What the copy reads.
+    pub reads: Vec<Span>,
+    /// The next GEMM was let run beside the copy; it joins the stream after that GEMM.
+    pub beside: bool,
+}
+
+/// How a pending copy is settled when the next GEMM of its stream is about to be captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// The GEMM comes straight after the copy's GEMM and writes nothing it reads.
+    Beside,
+    /// Ordered before everything captured after its GEMM, that GEMM included.
+    Join,
+}
+
+fn overlaps(a: Span, b: Span) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+fn same_nodes(a: &[GraphNode], b: &[GraphNode]) -> bool {
+    a.len() == b.len() && a.iter().all(|n| b.contains(n))
+}
+
+impl PendingCopy {
+    /// `frontier`: the stream's capture dependencies now; `writes`: what the next GEMM writes
+    /// (None: unknown).
+    pub fn settle(&self, frontier: &[GraphNode], writes: Option<Span>) -> Settle {
+        match writes {
+            Some(w) if same_nodes(frontier, &self.after) && !self.reads.iter().any(|&r| overlaps(r, w)) => {
+                Settle::Beside
+            }
+            _ => Settle::Join,
+        }
+    }
+}
+
+/// Most copies pending at once (one per capturing stream); a copy pushed out is settled by a
+/// join first.
+pub(crate) const MAX_PENDING: usize = 64;
+
+/// Failed copies remembered until their capture ends.
+const MAX_FAILED: usize = 256;
+
+#[derive(Debug, Default)]
+pub(crate) struct PendingCopies {
+    pending: Vec<PendingCopy>,
+    failed: Vec<(u64, GraphNode)>,
+}
+
+impl PendingCopies {
+    /// The copy pending on `stream`, removed.
+    pub fn take(&mut self, stream: u64) -> Option<PendingCopy> {
+        let i = self.pending.iter().position(|p| p.stream == stream)?;
+        Some(self.pending.remove(i))
+    }
+
+    /// Puts back a copy left beside the next GEMM.
+    pub fn put_back(&mut self, copy: PendingCopy) {
+        self.pending.push(copy);
+    }
+
+    /// Adds a copy; returns the one pushed out to make room, to be joined by the caller.
+    /// A stream has one pending copy at a time (the caller settles the previous one first).
+    pub fn push(&mut self, copy: PendingCopy) -> Option<PendingCopy> {
+        let out = (self.pending.len() >= MAX_PENDING).then(|| self.pending.remove(0));
+        self.pending.push(copy);
+        out
+    }
+
+    /// Every copy pending in capture `capture`, removed.
+    pub fn take_capture(&mut self, capture: u64) -> Vec<PendingCopy> {
+        let (mine, rest) = std::mem::take(&mut self.pending).into_iter().partition(|p| p.capture == capture);
+        self.pending = rest;
+        mine
+    }
+
+    /// A copy that could not be ordered: its check must not run.
+    pub fn fail(&mut self, capture: u64, node: GraphNode) {
+        if self.failed.len() >= MAX_FAILED {
+            self.failed.remove(0);
+        }
+        self.failed.push((capture, node));
+    }
+
+    /// The failed copies of capture `capture`, removed.
+    pub fn take_failed(&mut self, capture: u64) -> Vec<GraphNode> {
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.failed).into_iter().partition(|(c, _)| *c == capture);
+        self.failed = rest;
+        mine.into_iter().map(|(_, n)| n).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(stream: u64, after: &[u64], reads: &[Span]) -> PendingCopy {
+        PendingCopy {
+            capture: 7,
+            stream,
+            node: GraphNode(100 + stream),
+            after: after.iter().map(|&n| GraphNode(n)).collect(),
+            reads: reads.to_vec(),
+            beside: false,
+        }
+    }
+
+    fn nodes(n: &[u64]) -> Vec<GraphNode> {
+        n.iter().map(|&n| GraphNode(n)).collect()
+    }
+
+    #[test]
+    fn the_next_gemm_runs_beside_only_straight_after_and_writing_elsewhere() {
+        let p = copy(1, &[10, 11], &[(0x1000, 0x3000), (0x8000, 0x8100)]);
+        // Same frontier in another order, output elsewhere (touching the end is not overlap).
+        assert_eq!(p.settle(&nodes(&[11, 10]), Some((0x3000, 0x4000))), Settle::Beside);
+        // Writes into a source: A, D or a scale of the copied call.
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x2fff, 0x4000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x80f0, 0x80f8))), Settle::Join);
+        // Something else was captured since (the frontier moved), or a node was added to it.
+        assert_eq!(p.settle(&nodes(&[12]), Some((0x9000, 0xa000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11, 12]), Some((0x9000, 0xa000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10]), Some((0x9000, 0xa000))), Settle::Join);
+        // Unknown output: never beside.
+        assert_eq!(p.settle(&nodes(&[10, 11]), None), Settle::Join);
+    }
+
+    #[test]
+    fn pending_copies_are_one_per_stream_bounded_and_taken_per_capture() {
+        let mut pc = PendingCopies::default();
+        assert!(pc.push(copy(1, &[1], &[])).is_none());
+        assert!(pc.push(PendingCopy { capture: 8, ..copy(2, &[2], &[]) }).is_none());
+        assert!(pc.take(3).is_none());
+        let one = pc.take(1).expect("pending on stream 1");
+        assert!(pc.take(1).is_none(), "taken once");
+        pc.put_back(PendingCopy { beside: true, ..one });
+        let seven = pc.take_capture(7);
+        assert_eq!((seven.len(), seven[0].beside), (1, true));
+        assert!(pc.take_capture(7).is_empty());
+        let two = pc.take(2).expect("capture 8's copy stays");
+        pc.put_back(two);
+        for s in 10..10 + MAX_PENDING as u64 - 1 {
+            assert!(pc.push(copy(s, &[s], &[])).is_none());
+        }
+        // Full: the oldest (stream 2, capture 8) comes back to be joined by the caller.
+        let out = pc.push(copy(99, &[99], &[])).expect("one pushed out");
+        assert_eq!(out.stream, 2);
+        assert_eq!(pc.take_capture(7).len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn failed_copies_are_reported_to_their_capture_only() {
+        let mut pc = PendingCopies::default();
+        pc.fail(7, GraphNode(1));
+        pc.fail(8, GraphNode(2));
+        pc.fail(7, GraphNode(3));
+        assert_eq!(pc.take_failed(7), nodes(&[1, 3]));
+        assert!(pc.take_failed(7).is_empty());
+        assert_eq!(pc.take_failed(8), nodes(&[2]));
+        for i in 0..MAX_FAILED as u64 + 5 {
+            pc.fail(9, GraphNode(i));
+        }
+        assert_eq!(pc.take_failed(9).len(), MAX_FAILED);
+    }
+}
