@@ -631,28 +631,28 @@ impl GpuRuntime for CudaRuntime {
         if let Some(a) = after.map(|a| a.0 as cu::CUgraphNode).filter(|a| !deps.contains(a)) {
             deps.push(a);
         }
-        let node_params = cu::CUDA_KERNEL_NODE_PARAMS {
-            func: function.0 as cu::CUfunction,
-            gridDimX: grid[0],
-            gridDimY: grid[1],
-            gridDimZ: grid[2],
-            blockDimX: block[0],
-            blockDimY: block[1],
-            blockDimZ: block[2],
-            sharedMemBytes: shared_bytes,
-            kernelParams: params.as_mut_ptr(),
-            extra: std::ptr::null_mut(),
-            kern: std::ptr::null_mut(),
-            ctx: std::ptr::null_mut(),
+        // SAFETY: as this function's contract; graph and dependencies come from the capture.
+        unsafe { add_kernel_node(graph, &deps, function, grid, block, shared_bytes, params) }
+    }
+
+    unsafe fn launch_graph_branch_from(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        s: Stream,
+        params: &mut [*mut c_void],
+        deps: &[GraphNode],
+    ) -> Result<GraphNode, DeviceError> {
+        let Some((_, graph, _)) = (if self.graph_branches { self.capture_info(s)? } else { None }) else {
+            return Err(DeviceError::Unsupported(
+                "no capture in progress (or no cuGraphAddKernelNode_v2)".into(),
+            ));
         };
-        let mut node: cu::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: load() found the symbol; graph and dependencies come from the capture in
-        // progress (valid until it ends, which cannot happen during this call on the capturing
-        // thread); the caller guarantees params match the kernel, and the driver copies them.
-        check("cuGraphAddKernelNode_v2", unsafe {
-            cu::cuGraphAddKernelNode_v2(&mut node, graph, deps.as_ptr(), deps.len(), &node_params)
-        })?;
-        Ok(GraphNode(node as u64))
+        let deps: Vec<cu::CUgraphNode> = deps.iter().map(|d| d.0 as cu::CUgraphNode).collect();
+        // SAFETY: as this function's contract; the caller's nodes belong to this capture.
+        unsafe { add_kernel_node(graph, &deps, function, grid, block, shared_bytes, params) }
     }
 
     fn synchronize(&self, s: Stream) -> Result<(), DeviceError> {
@@ -735,6 +735,44 @@ fn program_log(program: nvrtc::nvrtcProgram) -> String {
         return String::new();
     }
     String::from_utf8_lossy(&log).trim_end_matches('\0').to_string()
+}
+
+/// Adds a kernel node after `deps` to the graph of a capture in progress.
+///
+/// # Safety
+/// `graph` and `deps` belong to a capture in progress on the calling thread (valid until it
+/// ends, which cannot happen during this call); `params` match the kernel (the driver copies
+/// them).
+#[allow(clippy::too_many_arguments)]
+unsafe fn add_kernel_node(
+    graph: cu::CUgraph,
+    deps: &[cu::CUgraphNode],
+    function: Function,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+    params: &mut [*mut c_void],
+) -> Result<GraphNode, DeviceError> {
+    let node_params = cu::CUDA_KERNEL_NODE_PARAMS {
+        func: function.0 as cu::CUfunction,
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: block[0],
+        blockDimY: block[1],
+        blockDimZ: block[2],
+        sharedMemBytes: shared_bytes,
+        kernelParams: params.as_mut_ptr(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+    let mut node: cu::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: the symbol was found at load (graph_branches); see the function's contract.
+    check("cuGraphAddKernelNode_v2", unsafe {
+        cu::cuGraphAddKernelNode_v2(&mut node, graph, deps.as_ptr(), deps.len(), &node_params)
+    })?;
+    Ok(GraphNode(node as u64))
 }
 
 #[cfg(test)]

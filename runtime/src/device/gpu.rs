@@ -390,6 +390,30 @@ impl GpuChecker {
         }
     }
 
+    /// A prepared launch as a branch after exactly `deps` of the capture on `stream`.
+    pub fn launch_prepared_branch_from<P: KernelParams>(
+        &self,
+        prepared: &PreparedLaunch<P>,
+        stream: Stream,
+        deps: &[super::GraphNode],
+    ) -> Result<super::GraphNode, DeviceError> {
+        let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
+        let c = &prepared.config;
+        // SAFETY: the function was resolved for exactly this parameter type when prepared; the
+        // driver copies the parameter values into the node.
+        unsafe {
+            self.runtime.launch_graph_branch_from(
+                prepared.function,
+                c.grid,
+                c.block,
+                c.shared_bytes,
+                stream,
+                &mut param_ptrs,
+                deps,
+            )
+        }
+    }
+
     /// The same prepared launch as a graph branch of the capture in progress on `stream`
     /// (see [`GpuRuntime::launch_graph_branch`]), after `after` as well.
     pub fn launch_prepared_branch<P: KernelParams>(

@@ -236,6 +236,25 @@ pub trait GpuRuntime: Send + Sync {
         let _ = (function, grid, block, shared_bytes, stream, params, after);
         Err(DeviceError::Unsupported("graph branches are not implemented for this runtime".into()))
     }
+    /// As [`GpuRuntime::launch_graph_branch`], after exactly the nodes `deps` of the capture
+    /// on `stream` (not its current dependencies).
+    ///
+    /// # Safety
+    /// As [`GpuRuntime::launch`]; the parameter values are copied into the node.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_graph_branch_from(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: Stream,
+        params: &mut [*mut c_void],
+        deps: &[GraphNode],
+    ) -> Result<GraphNode, DeviceError> {
+        let _ = (function, grid, block, shared_bytes, stream, params, deps);
+        Err(DeviceError::Unsupported("graph branches are not implemented for this runtime".into()))
+    }
     /// Sets this thread's stream-capture interaction mode (CUDA: 0 global, 1 thread-local,
     /// 2 relaxed) and returns the previous one. Set-up work (allocations, synchronous copies,
     /// module loads) runs relaxed so that it never invalidates a capture another thread runs

@@ -3,36 +3,39 @@
 //! A deferred captured check reads a snapshot that a copy node takes right after its GEMM. On
 //! the captured stream that copy delays every later kernel by ~2.5 us per checked GEMM (H100,
 //! `docs/measurements/2026-11-25-h100-llama-graph-decode.md`). It only has to come before work
-//! that may overwrite what it reads. The copy is therefore added as a branch after the GEMM and
-//! left pending. The next event on that stream settles it:
+//! that may overwrite what it reads. So the copy is left pending after its GEMM, as work to add
+//! after the GEMM's nodes, and the next event on that stream settles it:
 //! - **Next intercepted GEMM, nothing captured since.** If the GEMM writes none of the copy's
-//!   source ranges, it runs beside the copy ([`Settle::Beside`]). The copy joins the stream
-//!   right after that GEMM, so the work after it waits for the copy.
+//!   source ranges, it runs beside the copy ([`Settle::Beside`]). The copy is added after that
+//!   GEMM has been captured, as a second dependent of the first GEMM's nodes (so the graph
+//!   executor keeps the production chain on one stream), and joins the stream, so the work
+//!   after the second GEMM waits for it.
 //! - **Anything else.** Other work was captured since, a range overlaps, or the capture is
-//!   ending. The copy is put in front of everything captured after its GEMM: an edge to every
-//!   dependent of the GEMM's nodes ([`Settle::Join`]). A capture is only recorded, never run,
-//!   until it is instantiated, so the edges still take effect.
+//!   ending. The copy is added and put in front of everything captured after its GEMM: an edge
+//!   to every dependent of the GEMM's nodes ([`Settle::Join`]). A capture is only recorded,
+//!   never run, until it is instantiated, so the edges still take effect.
 //!
-//! A copy that cannot be ordered has an unreliable snapshot. Its check is dropped at the
-//! capture's end, never judged ([`PendingCopies::failed`]).
+//! A copy that cannot be added and ordered takes its check with it (counted, never judged on a
+//! snapshot that may be torn).
 
 use crate::device::GraphNode;
 
 /// Byte ranges `[start, end)`.
 pub(crate) type Span = (u64, u64);
 
-/// A copy node waiting to be ordered before later work of its stream.
+/// A copy waiting to be added after its GEMM's nodes and ordered before later work of its
+/// stream; `W` is what the backend needs to add it (the prepared copy and its check).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PendingCopy {
+pub(crate) struct PendingCopy<W> {
     pub capture: u64,
     pub stream: u64,
-    pub node: GraphNode,
-    /// The stream's capture dependencies the copy was added after (its GEMM's nodes).
+    /// The stream's capture dependencies right after its GEMM (the GEMM's nodes).
     pub after: Vec<GraphNode>,
     /// What the copy reads.
     pub reads: Vec<Span>,
-    /// The next GEMM was let run beside the copy; it joins the stream after that GEMM.
+    /// The next GEMM was let run beside the copy; it is added after that GEMM.
     pub beside: bool,
+    pub work: W,
 }
 
 /// How a pending copy is settled when the next GEMM of its stream is about to be captured.
@@ -40,7 +43,7 @@ pub(crate) struct PendingCopy {
 pub(crate) enum Settle {
     /// The GEMM comes straight after the copy's GEMM and writes nothing it reads.
     Beside,
-    /// Ordered before everything captured after its GEMM, that GEMM included.
+    /// Added now, ordered before everything captured after its GEMM.
     Join,
 }
 
@@ -52,7 +55,7 @@ fn same_nodes(a: &[GraphNode], b: &[GraphNode]) -> bool {
     a.len() == b.len() && a.iter().all(|n| b.contains(n))
 }
 
-impl PendingCopy {
+impl<W> PendingCopy<W> {
     /// `frontier`: the stream's capture dependencies now; `writes`: what the next GEMM writes
     /// (None: unknown).
     pub fn settle(&self, frontier: &[GraphNode], writes: Option<Span>) -> Settle {
@@ -69,56 +72,42 @@ impl PendingCopy {
 /// join first.
 pub(crate) const MAX_PENDING: usize = 64;
 
-/// Failed copies remembered until their capture ends.
-const MAX_FAILED: usize = 256;
-
-#[derive(Debug, Default)]
-pub(crate) struct PendingCopies {
-    pending: Vec<PendingCopy>,
-    failed: Vec<(u64, GraphNode)>,
+#[derive(Debug)]
+pub(crate) struct PendingCopies<W> {
+    pending: Vec<PendingCopy<W>>,
 }
 
-impl PendingCopies {
+impl<W> Default for PendingCopies<W> {
+    fn default() -> Self {
+        PendingCopies { pending: Vec::new() }
+    }
+}
+
+impl<W> PendingCopies<W> {
     /// The copy pending on `stream`, removed.
-    pub fn take(&mut self, stream: u64) -> Option<PendingCopy> {
+    pub fn take(&mut self, stream: u64) -> Option<PendingCopy<W>> {
         let i = self.pending.iter().position(|p| p.stream == stream)?;
         Some(self.pending.remove(i))
     }
 
     /// Puts back a copy left beside the next GEMM.
-    pub fn put_back(&mut self, copy: PendingCopy) {
+    pub fn put_back(&mut self, copy: PendingCopy<W>) {
         self.pending.push(copy);
     }
 
-    /// Adds a copy; returns the one pushed out to make room, to be joined by the caller.
+    /// Adds a copy; returns the one pushed out to make room, to be settled by the caller.
     /// A stream has one pending copy at a time (the caller settles the previous one first).
-    pub fn push(&mut self, copy: PendingCopy) -> Option<PendingCopy> {
+    pub fn push(&mut self, copy: PendingCopy<W>) -> Option<PendingCopy<W>> {
         let out = (self.pending.len() >= MAX_PENDING).then(|| self.pending.remove(0));
         self.pending.push(copy);
         out
     }
 
     /// Every copy pending in capture `capture`, removed.
-    pub fn take_capture(&mut self, capture: u64) -> Vec<PendingCopy> {
+    pub fn take_capture(&mut self, capture: u64) -> Vec<PendingCopy<W>> {
         let (mine, rest) = std::mem::take(&mut self.pending).into_iter().partition(|p| p.capture == capture);
         self.pending = rest;
         mine
-    }
-
-    /// A copy that could not be ordered: its check must not run.
-    pub fn fail(&mut self, capture: u64, node: GraphNode) {
-        if self.failed.len() >= MAX_FAILED {
-            self.failed.remove(0);
-        }
-        self.failed.push((capture, node));
-    }
-
-    /// The failed copies of capture `capture`, removed.
-    pub fn take_failed(&mut self, capture: u64) -> Vec<GraphNode> {
-        let (mine, rest): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.failed).into_iter().partition(|(c, _)| *c == capture);
-        self.failed = rest;
-        mine.into_iter().map(|(_, n)| n).collect()
     }
 }
 
@@ -126,14 +115,14 @@ impl PendingCopies {
 mod tests {
     use super::*;
 
-    fn copy(stream: u64, after: &[u64], reads: &[Span]) -> PendingCopy {
+    fn copy(stream: u64, after: &[u64], reads: &[Span]) -> PendingCopy<u64> {
         PendingCopy {
             capture: 7,
             stream,
-            node: GraphNode(100 + stream),
             after: after.iter().map(|&n| GraphNode(n)).collect(),
             reads: reads.to_vec(),
             beside: false,
+            work: 100 + stream,
         }
     }
 
@@ -159,7 +148,7 @@ mod tests {
 
     #[test]
     fn pending_copies_are_one_per_stream_bounded_and_taken_per_capture() {
-        let mut pc = PendingCopies::default();
+        let mut pc = PendingCopies::<u64>::default();
         assert!(pc.push(copy(1, &[1], &[])).is_none());
         assert!(pc.push(PendingCopy { capture: 8, ..copy(2, &[2], &[]) }).is_none());
         assert!(pc.take(3).is_none());
@@ -178,20 +167,5 @@ mod tests {
         let out = pc.push(copy(99, &[99], &[])).expect("one pushed out");
         assert_eq!(out.stream, 2);
         assert_eq!(pc.take_capture(7).len(), MAX_PENDING);
-    }
-
-    #[test]
-    fn failed_copies_are_reported_to_their_capture_only() {
-        let mut pc = PendingCopies::default();
-        pc.fail(7, GraphNode(1));
-        pc.fail(8, GraphNode(2));
-        pc.fail(7, GraphNode(3));
-        assert_eq!(pc.take_failed(7), nodes(&[1, 3]));
-        assert!(pc.take_failed(7).is_empty());
-        assert_eq!(pc.take_failed(8), nodes(&[2]));
-        for i in 0..MAX_FAILED as u64 + 5 {
-            pc.fail(9, GraphNode(i));
-        }
-        assert_eq!(pc.take_failed(9).len(), MAX_FAILED);
     }
 }

@@ -244,6 +244,13 @@ impl<T> Default for DeferredChecks<T> {
 
 const DEFERRED_CAPTURES: usize = 8;
 
+/// A deferred check's snapshot copy, prepared, and the check itself: both wait for the copy
+/// to be added to the capture ([`super::copy_beside`]).
+struct CopyWork {
+    copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
+    check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
+}
+
 /// A check deferred to its capture's end, and its snapshot copy's node when that copy is a
 /// branch ([`super::copy_beside`]): the check is added after it.
 struct DeferredCheck {
@@ -436,7 +443,7 @@ pub struct GpuBackend {
     /// Captured checks waiting for their capture's end.
     deferred: Mutex<DeferredChecks>,
     /// Snapshot copies of deferred checks not yet ordered before later captured work.
-    copies: Mutex<PendingCopies>,
+    copies: Mutex<PendingCopies<CopyWork>>,
     pool_bytes: u64,
 }
 
@@ -867,55 +874,41 @@ impl GpuBackend {
                     Some(_) => self.runtime.capture_frontier(stream).ok().flatten(),
                     None => None,
                 };
-                let (check, copy) = match frontier {
-                    Some(after) => {
-                        let prepared = self
-                            .checker
-                            .prepare_detached(
-                                g,
-                                layout,
-                                rows,
-                                buffer,
-                                st.epoch_counter.ptr,
-                                weight,
-                                scratch,
-                                tag,
-                            )
-                            .map_err(|e| launch_err("set-up", e));
-                        let (copy, check) = match prepared {
-                            Ok(p) => p,
-                            Err(skip) => return skip,
-                        };
-                        let node = match self.checker.launch_prepared_branch(&copy, stream, None) {
-                            Ok(node) => node,
-                            Err(e) => return launch_err("copy branch", e),
-                        };
-                        let pending = PendingCopy {
-                            capture: id,
-                            stream: stream.0,
-                            node,
-                            after,
-                            reads: snapshot_reads(g),
-                            beside: false,
-                        };
-                        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Some(old) = copies.take(stream.0) {
-                            self.join_copy(&mut copies, old, true);
-                        }
-                        if let Some(out) = copies.push(pending) {
-                            self.join_copy(&mut copies, out, false);
-                        }
-                        (check, Some(node))
-                    }
-                    None => match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
-                        Ok(check) => (check, None),
+                if let Some(after) = frontier {
+                    let prepared = self
+                        .checker
+                        .prepare_detached(g, layout, rows, buffer, st.epoch_counter.ptr, weight, scratch, tag)
+                        .map_err(|e| launch_err("set-up", e));
+                    let (copy, check) = match prepared {
+                        Ok(p) => p,
                         Err(skip) => return skip,
-                    },
+                    };
+                    let reads = snapshot_reads(g);
+                    let work = CopyWork { copy, check };
+                    let pending =
+                        PendingCopy { capture: id, stream: stream.0, after, reads, beside: false, work };
+                    let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+                    let earlier = copies.take(stream.0); // settled in after_call: not reached
+                    let out = copies.push(pending);
+                    drop(copies);
+                    for old in earlier.into_iter().chain(out) {
+                        let into_stream = old.stream == stream.0;
+                        self.add_copy(old, into_stream, true);
+                    }
+                    st.graph_used += 1;
+                    if let Some((_, capture)) = own {
+                        *capture = id;
+                    }
+                    return Detach::Done;
+                }
+                let check = match copy_on_stream(rows, buffer, st.epoch_counter.ptr, scratch) {
+                    Ok(check) => check,
+                    Err(skip) => return skip,
                 };
                 st.graph_used += 1;
                 if let Some((_, capture)) = own {
                     *capture = id;
-                    let check = DeferredCheck { launch: check, copy };
+                    let check = DeferredCheck { launch: check, copy: None };
                     let given_up = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(id, check);
                     for _ in 0..given_up {
                         super::note_skip(NEVER_ADDED);
@@ -1191,13 +1184,13 @@ impl GpuBackend {
     /// (`sample all`): every replay runs their checks.
     /// Before a GEMM on a stream with a pending snapshot copy: lets the GEMM run beside the
     /// copy when it comes straight after the copy's GEMM and writes nothing the copy reads,
-    /// otherwise puts the copy in front of everything captured since ([`super::copy_beside`]).
+    /// otherwise adds the copy in front of everything captured since ([`super::copy_beside`]).
     fn settle_copy_before(&self, req: &CheckRequest) {
         let stream = Stream(req.call.stream);
         let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
         let Some(copy) = copies.take(stream.0) else { return };
         if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
-            return; // Its capture ended unseen: its check was never added.
+            return; // Its capture ended unseen: its check goes with it.
         }
         let writes = if req.call.pointer_arrays.is_some() {
             None
@@ -1210,29 +1203,49 @@ impl GpuBackend {
             Ok(Some(frontier)) if copy.settle(&frontier, writes) == Settle::Beside => {
                 copies.put_back(PendingCopy { beside: true, ..copy })
             }
-            _ => self.join_copy(&mut copies, copy, true),
+            _ => {
+                drop(copies);
+                self.add_copy(copy, true, true);
+            }
         }
     }
 
-    /// After a GEMM: a copy it ran beside joins the stream, so that later work waits for it.
+    /// After a GEMM: a copy it ran beside is added now (a second dependent of the previous
+    /// GEMM's nodes, so the executor keeps the production chain on its stream) and joins the
+    /// stream, so that later work waits for it.
     fn settle_copy_after(&self, stream: Stream) {
-        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(copy) = copies.take(stream.0) else { return };
+        let copy = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0);
+        let Some(copy) = copy else { return };
         if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
             return;
         }
-        if copy.beside && self.runtime.join_graph_branch(stream, copy.node, &[], true).is_ok() {
-            return;
-        }
-        self.join_copy(&mut copies, copy, true);
+        let retro = !copy.beside;
+        self.add_copy(copy, true, retro);
     }
 
-    /// Orders a pending copy before everything captured after its GEMM (and, with
-    /// `into_stream`, before the stream's next work); a failure drops its check later.
-    fn join_copy(&self, copies: &mut PendingCopies, copy: PendingCopy, into_stream: bool) {
+    /// Adds a pending copy after its GEMM's nodes; with `retro`, in front of everything
+    /// captured after them; with `into_stream`, before the stream's next work too. Its check
+    /// then waits for the capture's end. A copy that cannot be added and ordered takes its
+    /// check with it (counted).
+    fn add_copy(&self, copy: PendingCopy<CopyWork>, into_stream: bool, retro: bool) {
         let stream = Stream(copy.stream);
-        if self.runtime.join_graph_branch(stream, copy.node, &copy.after, into_stream).is_err() {
-            copies.fail(copy.capture, copy.node);
+        let added =
+            self.checker.launch_prepared_branch_from(&copy.work.copy, stream, &copy.after).and_then(|node| {
+                let from: &[crate::device::GraphNode] = if retro { &copy.after } else { &[] };
+                self.runtime.join_graph_branch(stream, node, from, into_stream).map(|()| node)
+            });
+        match added {
+            Ok(node) => {
+                let check = DeferredCheck { launch: copy.work.check, copy: Some(node) };
+                let given_up =
+                    self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(copy.capture, check);
+                for _ in 0..given_up {
+                    super::note_skip(NEVER_ADDED);
+                }
+            }
+            Err(_) => {
+                super::note_skip("graph capture: snapshot copy not added or not ordered (check dropped)")
+            }
         }
     }
 
@@ -1444,24 +1457,12 @@ impl Backend for GpuBackend {
         let stream = Stream(stream);
         let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
         // Copies still pending go in front of everything captured after their GEMMs.
-        let failed = {
-            let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
-            for copy in copies.take_capture(id) {
-                let into_stream = copy.stream == stream.0;
-                self.join_copy(&mut copies, copy, into_stream);
-            }
-            copies.take_failed(id)
-        };
+        let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
+        for copy in pending {
+            let into_stream = copy.stream == stream.0;
+            self.add_copy(copy, into_stream, true);
+        }
         let mut checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
-        checks.retain(|c| match c.copy {
-            Some(node) if failed.contains(&node) => {
-                super::note_skip(
-                    "graph capture: snapshot copy could not be ordered before later work (check dropped)",
-                );
-                false
-            }
-            _ => true,
-        });
         // They run all at once: narrowed to share one resident wave of blocks (blocks beyond it
         // would wait for earlier checks' slow finishing stages).
         let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
