@@ -18,7 +18,8 @@ a summary of the replay's checks: how many ran at once at most, on how many stre
 tail from the last production kernel's end to the last check's end.
 --repeat N stacks N copies of the six layers, as overhead_mlp.py does.
 --prefill profiles eager prefill passes (M=512) instead: per stream, the kernels' summed time
-and the pass span.
+and the pass span. --prefill --llama SIZE profiles the prefill of torch_llama.py's model instead
+(SIZE small or 8b-width, prompt of --prompt tokens, default 1024, no KV cache kept).
 """
 import json
 import os
@@ -36,7 +37,8 @@ REPLAYS = 40
 
 def main():
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
-    args = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and sys.argv[i - 1] != "--repeat"]
+    valued = ("--repeat", "--llama", "--prompt")
+    args = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and sys.argv[i - 1] not in valued]
     label = args[0] if args else "run"
     forward = make_layers(repeat)
     xp = torch.randn(512, 4096, device="cuda").to(torch.bfloat16)
@@ -57,6 +59,8 @@ def main():
                         y[:1].sum()
         torch.cuda.synchronize()
 
+    if "--prefill" in sys.argv and "--llama" in sys.argv:
+        return profile_llama_prefill(label)
     if "--prefill" in sys.argv:
         return profile_prefill(label, forward, xp)
     after = "--after" in sys.argv
@@ -153,6 +157,21 @@ def profile_prefill(label, forward, xp, passes=20):
     print(f"{label}: {span:.2f} us per pass under the profiler (first start to last end / {passes})")
     mid = len(gpu) // 2
     print_timeline(label + " (middle of the run)", gpu[mid:mid + 40])
+
+
+def profile_llama_prefill(label):
+    """profile_prefill over the Llama model's prefill (torch_llama.py's model, seeded)."""
+    from torch_llama import build_model
+
+    model = build_model(sys.argv[sys.argv.index("--llama") + 1])
+    tokens = int(sys.argv[sys.argv.index("--prompt") + 1]) if "--prompt" in sys.argv else 1024
+    prompt = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1)).cuda()
+
+    def forward(ids):
+        with torch.no_grad():
+            return model(input_ids=ids, use_cache=False).logits
+
+    profile_prefill(label, forward, prompt, passes=5)
 
 
 if __name__ == "__main__":
