@@ -187,6 +187,15 @@ fn take_whole_slot(slot: &QsResultSlot, incomplete_since: &mut Option<Instant>, 
     SlotRead::GiveUp
 }
 
+/// What a graph branch is added after.
+#[derive(Debug, Clone, Copy)]
+pub enum BranchDeps<'a> {
+    /// The capture's current dependencies on the stream, and this node as well.
+    Frontier(Option<super::GraphNode>),
+    /// Exactly these nodes of the capture.
+    Exactly(&'a [super::GraphNode]),
+}
+
 /// One device's programs, ring and launch helpers.
 pub struct GpuChecker {
     runtime: Arc<dyn GpuRuntime>,
@@ -390,52 +399,41 @@ impl GpuChecker {
         }
     }
 
-    /// A prepared launch as a branch after exactly `deps` of the capture on `stream`.
-    pub fn launch_prepared_branch_from<P: KernelParams>(
-        &self,
-        prepared: &PreparedLaunch<P>,
-        stream: Stream,
-        deps: &[super::GraphNode],
-    ) -> Result<super::GraphNode, DeviceError> {
-        let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
-        let c = &prepared.config;
-        // SAFETY: the function was resolved for exactly this parameter type when prepared; the
-        // driver copies the parameter values into the node.
-        unsafe {
-            self.runtime.launch_graph_branch_from(
-                prepared.function,
-                c.grid,
-                c.block,
-                c.shared_bytes,
-                stream,
-                &mut param_ptrs,
-                deps,
-            )
-        }
-    }
-
-    /// The same prepared launch as a graph branch of the capture in progress on `stream`
-    /// (see [`GpuRuntime::launch_graph_branch`]), after `after` as well.
+    /// The same prepared launch as a graph branch of the capture in progress on `stream`, after
+    /// `deps` (see [`GpuRuntime::launch_graph_branch`] and
+    /// [`GpuRuntime::launch_graph_branch_from`]).
     pub fn launch_prepared_branch<P: KernelParams>(
         &self,
         prepared: &PreparedLaunch<P>,
         stream: Stream,
-        after: Option<super::GraphNode>,
+        deps: BranchDeps<'_>,
     ) -> Result<super::GraphNode, DeviceError> {
         let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
         let c = &prepared.config;
+        let rt = &self.runtime;
         // SAFETY: the function was resolved for exactly this parameter type when prepared; the
         // driver copies the parameter values into the node.
         unsafe {
-            self.runtime.launch_graph_branch(
-                prepared.function,
-                c.grid,
-                c.block,
-                c.shared_bytes,
-                stream,
-                &mut param_ptrs,
-                after,
-            )
+            match deps {
+                BranchDeps::Frontier(after) => rt.launch_graph_branch(
+                    prepared.function,
+                    c.grid,
+                    c.block,
+                    c.shared_bytes,
+                    stream,
+                    &mut param_ptrs,
+                    after,
+                ),
+                BranchDeps::Exactly(nodes) => rt.launch_graph_branch_from(
+                    prepared.function,
+                    c.grid,
+                    c.block,
+                    c.shared_bytes,
+                    stream,
+                    &mut param_ptrs,
+                    nodes,
+                ),
+            }
         }
     }
 

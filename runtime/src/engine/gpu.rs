@@ -23,7 +23,7 @@ mod gpu_inject;
 use super::backend::{Backend, CheckOutcome, CheckRequest, InjectRequest, Injected, Polled, PreCall};
 use super::copy_beside::{PendingCopies, PendingCopy, Settle, Span};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
-use crate::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
+use crate::device::gpu::{BranchDeps, CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
 use crate::device::{Event, GpuRuntime, Stream};
 use crate::intercept::Skip;
@@ -915,7 +915,11 @@ impl GpuBackend {
                     }
                     return Detach::Done;
                 }
-                match self.checker.launch_prepared_branch(&check, stream, chain.branches.last(id)) {
+                match self.checker.launch_prepared_branch(
+                    &check,
+                    stream,
+                    BranchDeps::Frontier(chain.branches.last(id)),
+                ) {
                     Ok(node) => {
                         chain.branches.set_last(id, node);
                         Detach::Done
@@ -1229,8 +1233,10 @@ impl GpuBackend {
     /// check with it (counted).
     fn add_copy(&self, copy: PendingCopy<CopyWork>, into_stream: bool, retro: bool) {
         let stream = Stream(copy.stream);
-        let added =
-            self.checker.launch_prepared_branch_from(&copy.work.copy, stream, &copy.after).and_then(|node| {
+        let added = self
+            .checker
+            .launch_prepared_branch(&copy.work.copy, stream, BranchDeps::Exactly(&copy.after))
+            .and_then(|node| {
                 let from: &[crate::device::GraphNode] = if retro { &copy.after } else { &[] };
                 self.runtime.join_graph_branch(stream, node, from, into_stream).map(|()| node)
             });
@@ -1474,7 +1480,9 @@ impl Backend for GpuBackend {
         for check in &checks {
             // Branches from the capture's last work (after every production kernel of a
             // replay) and from the check's own copy.
-            if let Err(e) = self.checker.launch_prepared_branch(&check.launch, stream, check.copy) {
+            if let Err(e) =
+                self.checker.launch_prepared_branch(&check.launch, stream, BranchDeps::Frontier(check.copy))
+            {
                 super::note_skip(&format!(
                     "graph capture: deferred check not added: {}",
                     short(&e.to_string())
