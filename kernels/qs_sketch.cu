@@ -269,6 +269,15 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
 // its serial, cold-fetched finishing code; see "finishing stages" below.
 // ================================================================================================
 #define QS_WR_CHUNK 128
+// Chunks of 32 k (A W_R) and of 4 vectors (D R) per warp per loop iteration: all their loads go
+// out before any math. Experiment knobs: 2 A chunks with 4 D chunks measured 2 us slower per
+// check on an H100 (more code on a path bound by instruction issue, not by round trips).
+#ifndef QS_SKETCH_A_CHUNKS
+#define QS_SKETCH_A_CHUNKS 1
+#endif
+#ifndef QS_SKETCH_D_CHUNKS
+#define QS_SKETCH_D_CHUNKS 2
+#endif
 
 // The sampled row a warp owns in the scalar world (warp w <-> row w of the group).
 struct QsRowInfo {
@@ -568,12 +577,13 @@ QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
 #pragma unroll
     for (int T = 0; T < NT; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
     qs_u32 nonfinite = 0;
-    // Two chunks per iteration: both chunks' loads are in flight before any math.
-    for (qs_u64 c0 = n0 + (qs_u64)warp * CHUNK; c0 < n1; c0 += 2ull * QS_WARPS_PER_BLOCK * CHUNK) {
-        uint4 q[2];
-        qs_u32 sw[2][CPT];
+    // QS_SKETCH_D_CHUNKS chunks per iteration: all their loads are in flight before any math.
+    constexpr int U = QS_SKETCH_D_CHUNKS;
+    for (qs_u64 c0 = n0 + (qs_u64)warp * CHUNK; c0 < n1; c0 += (qs_u64)U * QS_WARPS_PER_BLOCK * CHUNK) {
+        uint4 q[U];
+        qs_u32 sw[U][CPT];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < U; ++u) {
             const qs_u64 j = c0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + (qs_u64)CPT * tq;
             q[u] = make_uint4(0u, 0u, 0u, 0u);
             if (rg.active && j < n1) q[u] = qs_d_codes<QS_D_FMT>(base, first, stride, j, n1, g.d.extent, st);
@@ -593,7 +603,7 @@ QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < U; ++u) {
             qs_u32 w[M::WORDS];
             qs_d_words<QS_D_FMT>(q[u], w);
 #pragma unroll
@@ -730,87 +740,101 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
 #pragma unroll
     for (int T = 0; T < NT; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
 
+    // One pass per distinct W_R among the active rows. A shared W_R (the usual case) takes one
+    // pass for the first active row without the pairwise search (ncu on an H100: that search was
+    // a fifth of the warp instructions of a 256-row check).
+    const bool shared_wr = P.wr_batch_stride == 0;
     for (unsigned pr = 0; pr < QS_WARPS_PER_BLOCK; ++pr) {
-        // One pass per distinct W_R among the active rows (a single pass when W_R is shared).
         const QsRowInfo rp = sm.rinfo[pr];
         if (!rp.active) continue;
-        bool seen = false;
-        for (unsigned q = 0; q < pr; ++q) {
-            const QsRowInfo rq = sm.rinfo[q];
-            seen = seen || (rq.active && (P.wr_batch_stride == 0 || rq.item == rp.item));
+        if (!shared_wr) {
+            bool seen = false;
+            for (unsigned q = 0; q < pr; ++q) {
+                const QsRowInfo rq = sm.rinfo[q];
+                seen = seen || (rq.active && rq.item == rp.item);
+            }
+            if (seen) continue;
         }
-        if (seen) continue;
-        const bool use = rg.active && (P.wr_batch_stride == 0 || rg.item == rp.item);
+        const bool use = rg.active && (shared_wr || rg.item == rp.item);
         const float* wr = (const float*)P.wr_ptr + rp.item * P.wr_batch_stride;
-        for (qs_u64 kc = k0 + (qs_u64)warp * CHUNK; kc < k1; kc += (qs_u64)QS_WARPS_PER_BLOCK * CHUNK) {
-            const qs_u64 kt = kc + 8u * tq;
-            float wv[8][PPT];
+        // QS_SKETCH_A_CHUNKS chunks per iteration: all their loads are in flight before any math.
+        constexpr int U = QS_SKETCH_A_CHUNKS;
+        for (qs_u64 kc0 = k0 + (qs_u64)warp * CHUNK; kc0 < k1; kc0 += (qs_u64)U * QS_WARPS_PER_BLOCK * CHUNK) {
+            float wv[U][8][PPT];
+            float av[U][8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const qs_u64 k = kt + e;
+            for (int u = 0; u < U; ++u) {
+                const qs_u64 kt = kc0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + 8u * tq;
+                const bool whole = kt + 8 <= k1;  // one compare for the usual whole chunk
 #pragma unroll
-                for (int h = 0; h < PPT; ++h) wv[e][h] = 0.0f;
-                if (k < k1) {
-                    const float* src = wr + k * KP + (qs_u64)PPT * gq;
-                    if constexpr (PPT == 4) {
-                        const float4 x = *(const float4*)src;
-                        wv[e][0] = x.x;
-                        wv[e][1] = x.y;
-                        wv[e][2] = x.z;
-                        wv[e][3] = x.w;
-                    } else if constexpr (PPT == 2) {
-                        const float2 x = *(const float2*)src;
-                        wv[e][0] = x.x;
-                        wv[e][1] = x.y;
-                    } else {
-                        wv[e][0] = *src;
+                for (int e = 0; e < 8; ++e) {
+                    const qs_u64 k = kt + e;
+#pragma unroll
+                    for (int h = 0; h < PPT; ++h) wv[u][e][h] = 0.0f;
+                    if (whole || k < k1) {
+                        const float* src = wr + k * KP + (qs_u64)PPT * gq;
+                        if constexpr (PPT == 4) {
+                            const float4 x = *(const float4*)src;
+                            wv[u][e][0] = x.x;
+                            wv[u][e][1] = x.y;
+                            wv[u][e][2] = x.z;
+                            wv[u][e][3] = x.w;
+                        } else if constexpr (PPT == 2) {
+                            const float2 x = *(const float2*)src;
+                            wv[u][e][0] = x.x;
+                            wv[u][e][1] = x.y;
+                        } else {
+                            wv[u][e][0] = *src;
+                        }
                     }
                 }
-            }
-            float av[8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) av[e] = 0.0f;
-            if (use && kt < k1) {
-                qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av);
-                if (sc.present) {
+                for (int e = 0; e < 8; ++e) av[u][e] = 0.0f;
+                if (use && kt < k1) qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const qs_u64 kt = kc0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + 8u * tq;
+                if (use && kt < k1 && sc.present) {
                     if (scale_per8) {
                         const float s = qs_a_scale(sc, rg.item, ob, kt, cache, st);
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) av[e] *= s;
+                        for (int e = 0; e < 8; ++e) av[u][e] *= s;
                     } else {
 #pragma unroll
                         for (int e = 0; e < 8; ++e)
-                            if (kt + e < k1) av[e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
+                            if (kt + e < k1) av[u][e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
                     }
                 }
-            }
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                qs_u32 b0h, b0l, b1h, b1l;
-                if (split_a) {
-                    qs_tf32_split(av[2 * s], b0h, b0l);
-                    qs_tf32_split(av[2 * s + 1], b1h, b1l);
-                } else {
-                    b0h = qs_f32_bits(av[2 * s]);
-                    b1h = qs_f32_bits(av[2 * s + 1]);
-                    b0l = b1l = 0u;
-                }
-#pragma unroll
-                for (int T = 0; T < NT; ++T) {
-                    // a0 (m = g, slot t), a1 (m = g + 8, slot t), a2 (m = g, slot t + 4), a3 (m = g + 8, slot t + 4)
-                    qs_u32 h0, l0, h1 = 0u, l1 = 0u, h2, l2, h3 = 0u, l3 = 0u;
-                    qs_tf32_split(wv[2 * s][PPT >= 2 ? 2 * T : 0], h0, l0);
-                    qs_tf32_split(wv[2 * s + 1][PPT >= 2 ? 2 * T : 0], h2, l2);
-                    if constexpr (PPT >= 2) {
-                        qs_tf32_split(wv[2 * s][2 * T + 1], h1, l1);
-                        qs_tf32_split(wv[2 * s + 1][2 * T + 1], h3, l3);
+                for (int s = 0; s < 4; ++s) {
+                    qs_u32 b0h, b0l, b1h, b1l;
+                    if (split_a) {
+                        qs_tf32_split(av[u][2 * s], b0h, b0l);
+                        qs_tf32_split(av[u][2 * s + 1], b1h, b1l);
+                    } else {
+                        b0h = qs_f32_bits(av[u][2 * s]);
+                        b1h = qs_f32_bits(av[u][2 * s + 1]);
+                        b0l = b1l = 0u;
                     }
-                    qs_mma_tf32(acc[T], h0, h1, h2, h3, b0h, b1h);
-                    qs_mma_tf32(acc[T], l0, l1, l2, l3, b0h, b1h);
-                    if (split_a) qs_mma_tf32(acc[T], h0, h1, h2, h3, b0l, b1l);
+#pragma unroll
+                    for (int T = 0; T < NT; ++T) {
+                        // a0 (m = g, slot t), a1 (m = g + 8, slot t), a2 (m = g, slot t + 4), a3 (m = g + 8, slot t + 4)
+                        qs_u32 h0, l0, h1 = 0u, l1 = 0u, h2, l2, h3 = 0u, l3 = 0u;
+                        qs_tf32_split(wv[u][2 * s][PPT >= 2 ? 2 * T : 0], h0, l0);
+                        qs_tf32_split(wv[u][2 * s + 1][PPT >= 2 ? 2 * T : 0], h2, l2);
+                        if constexpr (PPT >= 2) {
+                            qs_tf32_split(wv[u][2 * s][2 * T + 1], h1, l1);
+                            qs_tf32_split(wv[u][2 * s + 1][2 * T + 1], h3, l3);
+                        }
+                        qs_mma_tf32(acc[T], h0, h1, h2, h3, b0h, b1h);
+                        qs_mma_tf32(acc[T], l0, l1, l2, l3, b0h, b1h);
+                        if (split_a) qs_mma_tf32(acc[T], h0, h1, h2, h3, b0l, b1l);
+                    }
                 }
             }
         }
+        if (shared_wr) break;
     }
     // C fragment: (probe PPT g + 2T [+ 1], row 2t [+ 1]).
 #pragma unroll
@@ -834,13 +858,21 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
 #if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
 __device__ qs_u64 qs_tm_start = ~0ull;
 __device__ qs_u64 qs_tm_proj = 0;
+__device__ qs_u64 qs_tm_last_start = 0;
+__device__ qs_u64 qs_tm_a = 0;
 QS_DEVICE qs_u64 qs_tm_now() {
     qs_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-#define QS_TM_BLOCK_START() \
-    if (threadIdx.x == 0) atomicMin(&qs_tm_start, qs_tm_now())
+#define QS_TM_BLOCK_START()                        \
+    if (threadIdx.x == 0) {                        \
+        const qs_u64 now_ = qs_tm_now();           \
+        atomicMin(&qs_tm_start, now_);             \
+        atomicMax(&qs_tm_last_start, now_);        \
+    }
+#define QS_TM_A_DONE() \
+    if (threadIdx.x == 0) atomicMax(&qs_tm_a, qs_tm_now())
 #define QS_TM_PROJ_DONE() \
     if (threadIdx.x == 0) atomicMax(&qs_tm_proj, qs_tm_now())
 #define QS_TM_MARK(var) \
@@ -848,14 +880,19 @@ QS_DEVICE qs_u64 qs_tm_now() {
 #define QS_TM_REPORT(group_done, final_done, claimed)                                                         \
     if (threadIdx.x == 0) {                                                                                  \
         const qs_u64 s0 = qs_tm_start, end = qs_tm_now();                                                    \
-        printf("QS_TIMING proj %llu group %llu final %llu claim %llu publish %llu\n", qs_tm_proj - s0,       \
-               group_done - s0, final_done - s0, claimed - s0, end - s0);                                    \
+        printf("QS_TIMING af %d m %llu n %llu k %llu det %d last_start %llu a %llu proj %llu group %llu final %llu " \
+               "claim %llu publish %llu\n",                                                                     \
+               QS_A_FMT, P.g.m, P.g.n, P.g.k, P.packed_ptr != 0, qs_tm_last_start - s0, qs_tm_a - s0, qs_tm_proj - s0, group_done - s0, final_done - s0,       \
+               claimed - s0, end - s0);                                                                      \
         qs_tm_start = ~0ull;                                                                                 \
         qs_tm_proj = 0;                                                                                      \
+        qs_tm_last_start = 0;                                                                                \
+        qs_tm_a = 0;                                                                                         \
     }
 #else
 #define QS_TM_BLOCK_START() ((void)0)
 #define QS_TM_PROJ_DONE() ((void)0)
+#define QS_TM_A_DONE() ((void)0)
 #define QS_TM_MARK(var) const qs_u64 var = 0
 #define QS_TM_REPORT(group_done, final_done, claimed) ((void)(group_done + final_done + claimed))
 #endif
@@ -1156,7 +1193,10 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
         sm.rinfo[warp] = r;
     }
     __syncthreads();
+#ifndef QS_EXP_NO_A  // experiment builds: phase timing (QS_SKETCH_TIMING) without A W_R
     qs_mma_a<KP>(P, sm, blk, lane, warp, si, S);
+#endif
+    QS_TM_A_DONE();
 #else
     // Chunks of QS_WR_CHUNK k's: the block stages the chunk's W_R rows in shared memory with
     // coalesced loads that are all in flight at once (the W_R rows serve every row of the
@@ -1255,7 +1295,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     constexpr bool D_MMA = false;
 #endif
     if constexpr (D_MMA) {
-#if QS_HAVE_MMA
+#if QS_HAVE_MMA && !defined(QS_EXP_NO_D)  // experiment builds: without D R
         qs_mma_d<KP>(P, sm, blk, n0, n1, lane, warp, nan_d, inf_d);
 #endif
     } else {
