@@ -1128,6 +1128,8 @@ struct SketchScenario {
     name: &'static str,
     scheme: &'static str,
     m: u64,
+    /// Inner dimension K (N is 1024).
+    k: u64,
     probes: u32,
     rows_per_call: u64,
     plant: Plant,
@@ -1152,6 +1154,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
             name: "full-rank noise k=8",
             scheme: "fp8-rowwise",
             m: 200,
+            k: 512,
             probes: 8,
             rows_per_call: 256,
             plant: Plant::Noise(0.05),
@@ -1160,6 +1163,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
             name: "one wrong scale row k=32",
             scheme: "fp8-rowwise",
             m: 200,
+            k: 512,
             probes: 32,
             rows_per_call: 256,
             plant: Plant::ScaleRow { row: 17, factor: 3.0 },
@@ -1168,6 +1172,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
             name: "10x above the FP8 NMSE bound",
             scheme: "fp8-block128",
             m: 256,
+            k: 512,
             probes: 32,
             rows_per_call: 256,
             plant: Plant::Noise((10.0 * fp8_nmse).sqrt()),
@@ -1176,6 +1181,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
             name: "10x below the FP8 NMSE bound",
             scheme: "fp8-block128",
             m: 256,
+            k: 512,
             probes: 32,
             rows_per_call: 256,
             plant: Plant::Noise((0.1 * fp8_nmse).sqrt()),
@@ -1184,6 +1190,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
             name: "2x magnitude (fn read as fnuz)",
             scheme: "fp8-tensor",
             m: 64,
+            k: 512,
             probes: 8,
             rows_per_call: 256,
             plant: Plant::Magnitude(0.5),
@@ -1192,6 +1199,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
             name: "one wrong row among 4097",
             scheme: "bf16",
             m: 4097,
+            k: 512,
             probes: 32,
             rows_per_call: 256,
             plant: Plant::WrongRow(3001),
@@ -1200,6 +1208,16 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
     if quick {
         scenarios.truncate(3);
     }
+    // An odd K: tensor-core builds store W_R by pairs of k, the last pair half past K.
+    scenarios.push(SketchScenario {
+        name: "odd K = 509, full-rank noise k=32",
+        scheme: "bf16",
+        m: 57,
+        k: 509,
+        probes: 32,
+        rows_per_call: 256,
+        plant: Plant::Noise(0.05),
+    });
     let mut out: Vec<Outcome> = scenarios.iter().flat_map(|s| gpu_sketch_scenario(checker, s)).collect();
     out.push(gpu_sketch_weight_change(checker));
     out
@@ -1257,7 +1275,7 @@ fn gpu_sketch_weight_change(checker: &GpuChecker) -> Outcome {
 
 fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome> {
     let run = || -> Result<Vec<Outcome>, String> {
-        let (n, k) = (1024u64, 512u64);
+        let (n, k) = (1024u64, s.k);
         let problem = scheme_problem(s.scheme, s.m, n, k);
         let mut inputs = random_inputs(&problem, 0x5ce7 + s.m).map_err(|e| e.to_string())?;
         let problem = with_tensor_scales(problem, &inputs);

@@ -772,7 +772,7 @@ impl GpuChecker {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).desc();
         let geo = &scratch.geometry;
         QsSketchParams {
-            g: *g,
+            g: g.sketch_view(),
             rows,
             ring,
             tag: tag.0,
