@@ -358,7 +358,9 @@ fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
         checker.compare(&request, Stream::default()).map_err(|e| e.to_string())
     };
     let small = checker.replace_ring(CAPACITY).map_err(|e| e.to_string())?;
-    let result = (|| -> Result<(Vec<u64>, u64, Vec<u64>, u64, bool), String> {
+    /// Tags taken while full, drops then, tags taken after, drops after, every slot right.
+    type RingRun = (Vec<u64>, u64, Vec<u64>, u64, bool);
+    let result = (|| -> Result<RingRun, String> {
         for tag in 1..=5 {
             launch(tag)?;
         }
