@@ -38,14 +38,16 @@ QS_DEVICE qs_u64 qs_mod_small(qs_u64 x, qs_u64 m, double inv_m) {
     return (qs_u64)r;
 }
 
+// (a * b) mod m for 0 < m < 2^32, inv_m = 1.0 / m.
+QS_DEVICE qs_u64 qs_mulmod_small(qs_u64 a, qs_u64 b, qs_u64 m, double inv_m) {
+    return qs_mod_small(qs_mod_small(a, m, inv_m) * qs_mod_small(b, m, inv_m), m, inv_m);
+}
+
 // (a * b) mod m without overflow. The fast path covers every realistic row count (< 2^32);
 // the loop keeps larger ones exact rather than wrong.
 QS_DEVICE qs_u64 qs_mulmod(qs_u64 a, qs_u64 b, qs_u64 m) {
     if (m == 0) return 0;
-    if (m <= 0xFFFFFFFFull) {
-        const double inv_m = 1.0 / (double)m;
-        return qs_mod_small(qs_mod_small(a, m, inv_m) * qs_mod_small(b, m, inv_m), m, inv_m);
-    }
+    if (m <= 0xFFFFFFFFull) return qs_mulmod_small(a, b, m, 1.0 / (double)m);
     a %= m;
     b %= m;
     qs_u64 r = 0;
@@ -64,12 +66,15 @@ QS_DEVICE qs_u64 qs_mulmod(qs_u64 a, qs_u64 b, qs_u64 m) {
 // Successive epochs take consecutive windows of x, so ceil(T / S) epochs cover every row.
 QS_DEVICE qs_u64 qs_perm_row(qs_u64 a, qs_u64 b, qs_u64 total, qs_u64 stride, qs_u64 epoch, qs_u64 t) {
     if (total == 0) return 0;
-    qs_u64 x = qs_mulmod(epoch, stride, total);
+    // Fewer than 2^32 rows (always, in practice): one reciprocal serves every reduction.
     const bool small = total <= 0xFFFFFFFFull;
     const double inv = small ? 1.0 / (double)total : 0.0;
-    qs_u64 tt = small ? qs_mod_small(t, total, inv) : t % total;
+    auto mod = [&](qs_u64 v) { return small ? qs_mod_small(v, total, inv) : v % total; };
+    auto mulmod = [&](qs_u64 u, qs_u64 v) { return small ? qs_mulmod_small(u, v, total, inv) : qs_mulmod(u, v, total); };
+    qs_u64 x = mulmod(epoch, stride);
+    const qs_u64 tt = mod(t);
     x = (x >= total - tt) ? x - (total - tt) : x + tt;
-    qs_u64 r = qs_mulmod(a, x, total);
-    qs_u64 bb = small ? qs_mod_small(b, total, inv) : b % total;
+    const qs_u64 r = mulmod(a, x);
+    const qs_u64 bb = mod(b);
     return (r >= total - bb) ? r - (total - bb) : r + bb;
 }

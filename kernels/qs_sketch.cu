@@ -269,15 +269,6 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
 // its serial, cold-fetched finishing code; see "finishing stages" below.
 // ================================================================================================
 #define QS_WR_CHUNK 128
-// Chunks of 32 k (A W_R) and of 4 vectors (D R) per warp per loop iteration: all their loads go
-// out before any math. Experiment knobs: 2 A chunks with 4 D chunks measured 2 us slower per
-// check on an H100 (more code on a path bound by instruction issue, not by round trips).
-#ifndef QS_SKETCH_A_CHUNKS
-#define QS_SKETCH_A_CHUNKS 1
-#endif
-#ifndef QS_SKETCH_D_CHUNKS
-#define QS_SKETCH_D_CHUNKS 2
-#endif
 
 // The sampled row a warp owns in the scalar world (warp w <-> row w of the group).
 struct QsRowInfo {
@@ -577,13 +568,13 @@ QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
 #pragma unroll
     for (int T = 0; T < NT; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
     qs_u32 nonfinite = 0;
-    // QS_SKETCH_D_CHUNKS chunks per iteration: all their loads are in flight before any math.
-    constexpr int U = QS_SKETCH_D_CHUNKS;
-    for (qs_u64 c0 = n0 + (qs_u64)warp * CHUNK; c0 < n1; c0 += (qs_u64)U * QS_WARPS_PER_BLOCK * CHUNK) {
-        uint4 q[U];
-        qs_u32 sw[U][CPT];
+    // Two chunks per iteration: both chunks' loads are in flight before any math (more measured
+    // slower on an H100: more code on a path bound by instruction issue, not by round trips).
+    for (qs_u64 c0 = n0 + (qs_u64)warp * CHUNK; c0 < n1; c0 += 2ull * QS_WARPS_PER_BLOCK * CHUNK) {
+        uint4 q[2];
+        qs_u32 sw[2][CPT];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int u = 0; u < 2; ++u) {
             const qs_u64 j = c0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + (qs_u64)CPT * tq;
             q[u] = make_uint4(0u, 0u, 0u, 0u);
             if (rg.active && j < n1) q[u] = qs_d_codes<QS_D_FMT>(base, first, stride, j, n1, g.d.extent, st);
@@ -603,7 +594,7 @@ QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int u = 0; u < 2; ++u) {
             qs_u32 w[M::WORDS];
             qs_d_words<QS_D_FMT>(q[u], w);
 #pragma unroll
@@ -757,80 +748,73 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
         }
         const bool use = rg.active && (shared_wr || rg.item == rp.item);
         const float* wr = (const float*)P.wr_ptr + rp.item * P.wr_batch_stride;
-        // QS_SKETCH_A_CHUNKS chunks per iteration: all their loads are in flight before any math.
-        constexpr int U = QS_SKETCH_A_CHUNKS;
-        for (qs_u64 kc0 = k0 + (qs_u64)warp * CHUNK; kc0 < k1; kc0 += (qs_u64)U * QS_WARPS_PER_BLOCK * CHUNK) {
-            float wv[U][8][PPT];
-            float av[U][8];
+        for (qs_u64 kc = k0 + (qs_u64)warp * CHUNK; kc < k1; kc += (qs_u64)QS_WARPS_PER_BLOCK * CHUNK) {
+            const qs_u64 kt = kc + 8u * tq;
+            const bool whole = kt + 8 <= k1;  // one compare for the usual whole chunk
+            float wv[8][PPT];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const qs_u64 kt = kc0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + 8u * tq;
-                const bool whole = kt + 8 <= k1;  // one compare for the usual whole chunk
+            for (int e = 0; e < 8; ++e) {
+                const qs_u64 k = kt + e;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const qs_u64 k = kt + e;
-#pragma unroll
-                    for (int h = 0; h < PPT; ++h) wv[u][e][h] = 0.0f;
-                    if (whole || k < k1) {
-                        const float* src = wr + k * KP + (qs_u64)PPT * gq;
-                        if constexpr (PPT == 4) {
-                            const float4 x = *(const float4*)src;
-                            wv[u][e][0] = x.x;
-                            wv[u][e][1] = x.y;
-                            wv[u][e][2] = x.z;
-                            wv[u][e][3] = x.w;
-                        } else if constexpr (PPT == 2) {
-                            const float2 x = *(const float2*)src;
-                            wv[u][e][0] = x.x;
-                            wv[u][e][1] = x.y;
-                        } else {
-                            wv[u][e][0] = *src;
-                        }
+                for (int h = 0; h < PPT; ++h) wv[e][h] = 0.0f;
+                if (whole || k < k1) {
+                    const float* src = wr + k * KP + (qs_u64)PPT * gq;
+                    if constexpr (PPT == 4) {
+                        const float4 x = *(const float4*)src;
+                        wv[e][0] = x.x;
+                        wv[e][1] = x.y;
+                        wv[e][2] = x.z;
+                        wv[e][3] = x.w;
+                    } else if constexpr (PPT == 2) {
+                        const float2 x = *(const float2*)src;
+                        wv[e][0] = x.x;
+                        wv[e][1] = x.y;
+                    } else {
+                        wv[e][0] = *src;
                     }
                 }
-#pragma unroll
-                for (int e = 0; e < 8; ++e) av[u][e] = 0.0f;
-                if (use && kt < k1) qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av[u]);
             }
+            float av[8];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const qs_u64 kt = kc0 + (qs_u64)u * QS_WARPS_PER_BLOCK * CHUNK + 8u * tq;
-                if (use && kt < k1 && sc.present) {
+            for (int e = 0; e < 8; ++e) av[e] = 0.0f;
+            if (use && kt < k1) {
+                qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av);
+                if (sc.present) {
                     if (scale_per8) {
                         const float s = qs_a_scale(sc, rg.item, ob, kt, cache, st);
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) av[u][e] *= s;
+                        for (int e = 0; e < 8; ++e) av[e] *= s;
                     } else {
 #pragma unroll
                         for (int e = 0; e < 8; ++e)
-                            if (kt + e < k1) av[u][e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
+                            if (kt + e < k1) av[e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
                     }
                 }
+            }
 #pragma unroll
-                for (int s = 0; s < 4; ++s) {
-                    qs_u32 b0h, b0l, b1h, b1l;
-                    if (split_a) {
-                        qs_tf32_split(av[u][2 * s], b0h, b0l);
-                        qs_tf32_split(av[u][2 * s + 1], b1h, b1l);
-                    } else {
-                        b0h = qs_f32_bits(av[u][2 * s]);
-                        b1h = qs_f32_bits(av[u][2 * s + 1]);
-                        b0l = b1l = 0u;
-                    }
+            for (int s = 0; s < 4; ++s) {
+                qs_u32 b0h, b0l, b1h, b1l;
+                if (split_a) {
+                    qs_tf32_split(av[2 * s], b0h, b0l);
+                    qs_tf32_split(av[2 * s + 1], b1h, b1l);
+                } else {
+                    b0h = qs_f32_bits(av[2 * s]);
+                    b1h = qs_f32_bits(av[2 * s + 1]);
+                    b0l = b1l = 0u;
+                }
 #pragma unroll
-                    for (int T = 0; T < NT; ++T) {
-                        // a0 (m = g, slot t), a1 (m = g + 8, slot t), a2 (m = g, slot t + 4), a3 (m = g + 8, slot t + 4)
-                        qs_u32 h0, l0, h1 = 0u, l1 = 0u, h2, l2, h3 = 0u, l3 = 0u;
-                        qs_tf32_split(wv[u][2 * s][PPT >= 2 ? 2 * T : 0], h0, l0);
-                        qs_tf32_split(wv[u][2 * s + 1][PPT >= 2 ? 2 * T : 0], h2, l2);
-                        if constexpr (PPT >= 2) {
-                            qs_tf32_split(wv[u][2 * s][2 * T + 1], h1, l1);
-                            qs_tf32_split(wv[u][2 * s + 1][2 * T + 1], h3, l3);
-                        }
-                        qs_mma_tf32(acc[T], h0, h1, h2, h3, b0h, b1h);
-                        qs_mma_tf32(acc[T], l0, l1, l2, l3, b0h, b1h);
-                        if (split_a) qs_mma_tf32(acc[T], h0, h1, h2, h3, b0l, b1l);
+                for (int T = 0; T < NT; ++T) {
+                    // a0 (m = g, slot t), a1 (m = g + 8, slot t), a2 (m = g, slot t + 4), a3 (m = g + 8, slot t + 4)
+                    qs_u32 h0, l0, h1 = 0u, l1 = 0u, h2, l2, h3 = 0u, l3 = 0u;
+                    qs_tf32_split(wv[2 * s][PPT >= 2 ? 2 * T : 0], h0, l0);
+                    qs_tf32_split(wv[2 * s + 1][PPT >= 2 ? 2 * T : 0], h2, l2);
+                    if constexpr (PPT >= 2) {
+                        qs_tf32_split(wv[2 * s][2 * T + 1], h1, l1);
+                        qs_tf32_split(wv[2 * s + 1][2 * T + 1], h3, l3);
                     }
+                    qs_mma_tf32(acc[T], h0, h1, h2, h3, b0h, b1h);
+                    qs_mma_tf32(acc[T], l0, l1, l2, l3, b0h, b1h);
+                    if (split_a) qs_mma_tf32(acc[T], h0, h1, h2, h3, b0l, b1l);
                 }
             }
         }

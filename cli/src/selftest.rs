@@ -1210,7 +1210,7 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
     if quick {
         scenarios.truncate(3);
     }
-    // An odd K: tensor-core builds store W_R by pairs of k, the last pair half past K.
+    // An odd K: the last tensor-core k step of the projection is partial.
     scenarios.push(SketchScenario {
         name: "odd K = 509, full-rank noise k=32",
         scheme: "bf16",
