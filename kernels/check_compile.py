@@ -60,7 +60,15 @@ def gemm_spec(a, b):
 
 def sketch_spec(a, b, d):
     defs = [f"QS_A_FMT={FORMATS[a]}", f"QS_B_FMT={FORMATS[b]}", f"QS_D_FMT={FORMATS[d]}"]
-    return spec("qs_sketch.cu", defs, ["qs_sketch_prep", f"qs_sketch_wproj_{b}", f"qs_sketch_check_{a}_{d}"])
+    entries = ["qs_sketch_prep", f"qs_sketch_wproj_{b}", f"qs_sketch_check_{a}_{d}"]
+    if a in LEAN_A and d in LEAN_D:  # abi.rs lean_sketch_formats
+        entries.append(f"qs_sketch_lean_{a}_{d}")
+    return spec("qs_sketch.cu", defs, entries)
+
+
+# Formats of qs_sketch_lean (qs_sketch.cu QS_LEAN_FORMATS).
+LEAN_A = ["bf16", "e4m3fn"]
+LEAN_D = ["bf16", "f16"]
 
 
 def compare_spec(d):

@@ -277,6 +277,9 @@ struct QsWprojParams {
     qs_u32 kp; // 8, 16 or 32
     qs_u32 reserved;
     qs_u64 snapshot_ptr; // u32[QS_WEIGHT_SAMPLES]: B's bytes at qs_weight_sample positions; 0 = none
+    // W_R again in mma fragment order, bf16 hi + lo (qs_wfrag_index in qs_sketch.cu), for the
+    // lean check; 0 = not written. Items == 1 and k_dim % 32 == 0 only.
+    qs_u64 frag_ptr;
 };
 
 // qs_sketch_check_{a}_{d}: grid (groups, splits), QS_BLOCK threads; group g covers sample
@@ -316,6 +319,8 @@ struct QsSketchParams {
     // itself). The check reports the snapshot's epoch and status, and row t as the header's
     // rows[t].
     qs_u64 packed_ptr;
+    // qs_sketch_lean only: W_R in fragment order (QsWprojParams::frag_ptr).
+    qs_u64 wfrag_ptr;
 };
 
 // Detached sketch (DESIGN.md; runtime/src/engine/gpu.rs "detached"): qs_sketch_snap_{a}_{d}
@@ -424,7 +429,8 @@ struct QsSketchTotals {
     qs_u64 counts[6];        // finite, pairs, nan_prod, inf_prod, nan_ref, inf_ref
     qs_u64 elem_nonfinite[2]; // NaN, Inf elements of D in the sampled rows
     qs_u64 worst;            // ~qs_sketch_rank_key of the worst row; 0 = no row
-    qs_u64 reserved[2];
+    qs_u64 ticket;           // lean check: ring ticket + 1 claimed early by block (0, 0); 0 = none
+    qs_u64 reserved;
     qs_f64 y_sum[QS_MAX_PROBES]; // fingerprints (finite pairs)
     qs_f64 x_sum[QS_MAX_PROBES];
 };
@@ -473,8 +479,8 @@ static_assert(sizeof(QsRingDesc) == 32, "QsRingDesc");
 static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
 static_assert(sizeof(QsRefParams) == 632, "QsRefParams");
 static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
-static_assert(sizeof(QsWprojParams) == 176, "QsWprojParams");
-static_assert(sizeof(QsSketchParams) == 768, "QsSketchParams");
+static_assert(sizeof(QsWprojParams) == 184, "QsWprojParams");
+static_assert(sizeof(QsSketchParams) == 776, "QsSketchParams");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
 static_assert(sizeof(QsSnapParams) == 672, "QsSnapParams");
 static_assert(sizeof(QsCompareParams) == 272, "QsCompareParams");

@@ -230,6 +230,48 @@ QS_DEVICE qs_u32 qs_f16x2_from_e4m3x2(qs_u32 two) {
 #endif
 #endif
 
+// ---- thread-block clusters (CUDA sm_90+) -------------------------------------------------------
+// QS_HAVE_CLUSTER: the blocks of a cluster meet at one barrier and read each other's shared
+// memory (distributed shared memory), instead of a global counter and a round trip through L2.
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QS_HAVE_CLUSTER 1
+// Every thread of every block of the cluster; orders shared (and global) memory writes before
+// it with the reads after it, cluster-wide.
+QS_DEVICE void qs_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The two halves of qs_cluster_sync, for work in between that no other block waits for.
+QS_DEVICE void qs_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+QS_DEVICE void qs_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+QS_DEVICE qs_u32 qs_cluster_rank() {
+    qs_u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// The f32 at the same shared-memory address as `local`, in block `rank` of the cluster.
+QS_DEVICE float qs_cluster_load_f32(const float* local, qs_u32 rank) {
+    const qs_u32 a = (qs_u32)__cvta_generic_to_shared(local);
+    qs_u32 ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+// Two OCP e4m3 codes (low byte first) as bf16x2, exactly (through f16: every e4m3 value, NaN
+// included, is an f16 and a bf16 value).
+QS_DEVICE qs_u32 qs_bf16x2_from_e4m3x2(qs_u32 two) {
+    const qs_u32 h = qs_f16x2_from_e4m3x2(two);
+    float lo, hi;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h & 0xFFFFu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h >> 16)));
+    qs_u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+#else
+#define QS_HAVE_CLUSTER 0
+#endif
+
 // ---- fast division by a run-time invariant divisor ------------------------------------------
 // Scale lookups divide element coordinates by block sizes that are only known at run time;
 // a hardware-free division costs ~20 instructions, a multiply-high ~2. Valid for numerators

@@ -111,6 +111,44 @@ QS_DEVICE void qs_fold(double (&dacc)[KP], float (&acc)[KP]) {
     }
 }
 
+// ---- W_R in mma fragment order (the lean check's A operand) ------------------------------------
+// The lean check multiplies W_R^T (probes x k) by rows of A on tensor cores (mma.m16n8k16,
+// bf16): W_R is stored once per weight exactly as each lane's A-operand registers, so a lane
+// loads a whole fragment as one 16-byte vector and does no conversion. Each f32 element w is
+// two bf16 values, pass 0 hi = RN(w) and pass 1 lo = RN(w - hi): |w - hi - lo| <= 2^-17 |w|.
+// Order: unit u = kk / 32, step s (a k16 step; two per unit), probe tile mt (16 probes), pass,
+// lane (g, t), register r (two bf16, low half first). The k slots of a step map to k's so that
+// lane t's four slots {2t, 2t + 1, 2t + 8, 2t + 9} of step s are k = 32 u + 8 t + 4 s + e,
+// e = 0..3: the same lane then reads 8 consecutive elements of a row of A (or D) for both
+// steps of a unit with one vector load. Register r = 2 (e >> 1) + h holds probe 16 mt + g + 8 h,
+// half e & 1 (PTX ISA m16n8k16 A fragment: a[0] (g, 2t..), a[1] (g + 8, 2t..), a[2] (g, 2t + 8..),
+// a[3] (g + 8, 2t + 8..)). Tiles: QS_WFRAG_TILES(kp) = ceil(kp / 16); the padding probes of kp = 8
+// stay zero. Size: k_dim * tiles * 64 bytes (runtime: abi::wfrag_bytes).
+#define QS_WFRAG_TILES(kp) (((kp) + 15) / 16)
+
+QS_DEVICE qs_u64 qs_wfrag_index(qs_u64 kk, unsigned p, unsigned pass, unsigned tiles) {
+    const qs_u64 u = kk >> 5;
+    const unsigned c = (unsigned)(kk & 31u), t = c >> 3, s = (c >> 2) & 1u, e = c & 3u;
+    const unsigned mt = p >> 4, g = p & 7u, h = (p >> 3) & 1u;
+    const unsigned lane = 4u * g + t, reg = 2u * (e >> 1) + h;
+    return ((((u * 2 + s) * tiles + mt) * 2 + pass) * 32 + lane) * 8 + reg * 2 + (e & 1u);
+}
+
+// bf16 code of an f32, round to nearest even (NaN stays NaN).
+QS_DEVICE qs_u32 qs_bf16_rn(float v) {
+    const qs_u32 b = qs_f32_bits(v);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+    return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+}
+
+QS_DEVICE void qs_wfrag_store(qs_u64 frag_ptr, qs_u64 kk, unsigned p, unsigned tiles, float w) {
+    qs_u16* f = (qs_u16*)frag_ptr;
+    const qs_u32 hi = qs_bf16_rn(w);
+    const qs_u32 lo = qs_bf16_rn(w - qs_f32_from_bits(hi << 16));
+    f[qs_wfrag_index(kk, p, 0, tiles)] = (qs_u16)hi;
+    f[qs_wfrag_index(kk, p, 1, tiles)] = (qs_u16)lo;
+}
+
 template <int KP>
 QS_DEVICE void qs_wproj_body(const QsWprojParams& P) {
     __shared__ double s_red[QS_WARP_SIZE][KP];
@@ -161,7 +199,10 @@ QS_DEVICE void qs_wproj_body(const QsWprojParams& P) {
 #pragma unroll
             for (int p = 0; p < KP; ++p) {
                 double t = qs_warp_sum(dacc[p]);
-                if (lane == (unsigned)p) out[kk * KP + p] = (float)t;
+                if (lane == (unsigned)p) {
+                    out[kk * KP + p] = (float)t;
+                    if (P.frag_ptr) qs_wfrag_store(P.frag_ptr, kk, p, QS_WFRAG_TILES(KP), (float)t);
+                }
             }
         }
         return;
@@ -207,7 +248,10 @@ QS_DEVICE void qs_wproj_body(const QsWprojParams& P) {
         }
         for (unsigned e = threadIdx.x; e < QS_WARP_SIZE * KP; e += blockDim.x) {
             const unsigned l = e / KP, p = e % KP;
-            if (k0 + l < K) out[(k0 + l) * KP + p] = (float)s_red[l][p];
+            if (k0 + l < K) {
+                out[(k0 + l) * KP + p] = (float)s_red[l][p];
+                if (P.frag_ptr) qs_wfrag_store(P.frag_ptr, k0 + l, p, QS_WFRAG_TILES(KP), (float)s_red[l][p]);
+            }
         }
         __syncthreads();
     }
@@ -861,12 +905,13 @@ QS_DEVICE qs_u64 qs_tm_now() {
     if (threadIdx.x == 0) atomicMax(&qs_tm_proj, qs_tm_now())
 #define QS_TM_MARK(var) \
     const qs_u64 var = qs_tm_now()
-#define QS_TM_REPORT(group_done, final_done, claimed)                                                         \
+// det: 0 in place, 1 detached; the lean kernel adds 2.
+#define QS_TM_REPORT(group_done, final_done, claimed, kernel)                                                 \
     if (threadIdx.x == 0) {                                                                                  \
         const qs_u64 s0 = qs_tm_start, end = qs_tm_now();                                                    \
         printf("QS_TIMING af %d m %llu n %llu k %llu det %d last_start %llu a %llu proj %llu group %llu final %llu " \
                "claim %llu publish %llu\n",                                                                     \
-               QS_A_FMT, P.g.m, P.g.n, P.g.k, P.packed_ptr != 0, qs_tm_last_start - s0, qs_tm_a - s0, qs_tm_proj - s0, group_done - s0, final_done - s0,       \
+               QS_A_FMT, P.g.m, P.g.n, P.g.k, (int)(P.packed_ptr != 0) + (kernel), qs_tm_last_start - s0, qs_tm_a - s0, qs_tm_proj - s0, group_done - s0, final_done - s0,       \
                claimed - s0, end - s0);                                                                      \
         qs_tm_start = ~0ull;                                                                                 \
         qs_tm_proj = 0;                                                                                      \
@@ -878,7 +923,7 @@ QS_DEVICE qs_u64 qs_tm_now() {
 #define QS_TM_PROJ_DONE() ((void)0)
 #define QS_TM_A_DONE() ((void)0)
 #define QS_TM_MARK(var) const qs_u64 var = 0
-#define QS_TM_REPORT(group_done, final_done, claimed) ((void)(group_done + final_done + claimed))
+#define QS_TM_REPORT(group_done, final_done, claimed, kernel) ((void)(group_done + final_done + claimed))
 #endif
 
 // ---- finishing stages ----------------------------------------------------------------------
@@ -929,59 +974,34 @@ QS_DEVICE void qs_add_splits8(const double* base, unsigned first, unsigned step,
     }
 }
 
-// The group's rows: warp w finishes row w of the group, lane p probe p. Adds the rows' sums,
-// counts, fingerprints and worst row to the check's totals.
-template <int KP>
-QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm, qs_u64 t, qs_u64 row, bool active,
-                                      unsigned lane, unsigned warp) {
+// Before the rows are finished: the check's scalars, and each warp's row-axis bias. Everything
+// that calls out of line or branches per lane happens here, before a barrier, so the
+// butterflies of qs_sketch_finish_rows run converged (no per-shuffle collective fix-up code).
+QS_DEVICE void qs_sketch_finish_prologue(const QsSketchParams& P, double* scalar, double* rowbias, qs_u64 row,
+                                         bool active, unsigned lane, unsigned warp) {
     const QsGemmDesc& g = P.g;
-    const qs_u32 k = P.k;
-    // Everything that calls out of line or branches per lane happens before the barrier, so
-    // the butterflies below run converged (no per-shuffle collective fix-up code).
     if (warp == 0 && lane < 5) {
         // 0 alpha, 1 A tensor scale, 2 B tensor scale, 3 beta (only with C), 4 d_scale.
         const QsScalar sc = lane == 0 ? g.alpha : lane == 1 ? g.a_tensor_scale : lane == 2 ? g.b_tensor_scale
                                                     : lane == 3 ? g.beta
                                                                 : g.d_scale;
-        sm.scalar[lane] = lane == 3 && !g.c.ptr ? 0.0 : qs_sketch_scalar(sc);
+        scalar[lane] = lane == 3 && !g.c.ptr ? 0.0 : qs_sketch_scalar(sc);
     }
     if (lane == 0) {
-        sm.rowbias[warp] = active && g.bias.ptr && g.bias.axis != QS_BIAS_COLS
+        rowbias[warp] = active && g.bias.ptr && g.bias.axis != QS_BIAS_COLS
                                ? qs_sketch_row_bias(g.bias, row % g.m, P.status_ptr)
                                : 0.0;
     }
-    // The row's partials of every split, summed in split order (deterministic): batches of 8
-    // splits with all their loads in flight (16 would spill under the 128-register bound).
-    // A group with a single row (decode: M = 1) has every warp sum a share of its splits
-    // (warp w: w, w + 8, ...; one batch of loads for up to 64 splits), then warp 0 adds the
-    // shares in warp order: one round trip instead of one per 8 splits.
-    double xa = 0.0, ya = 0.0, xc = 0.0;
-    const unsigned S = gridDim.y;
-    const bool has_c = g.c.ptr != 0;
-    const qs_u64 split_stride = (qs_u64)QS_WARPS_PER_BLOCK * 3 * KP;
-    const bool lone = P.rows.count - (qs_u64)blockIdx.x * QS_WARPS_PER_BLOCK == 1;
-    if (lone) {
-        if (lane < k) {
-            const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK) * 3) * KP + lane;
-            qs_add_splits8<KP>(base, warp, QS_WARPS_PER_BLOCK, S, split_stride, has_c, xa, ya, xc);
-            sm.share[warp][0][lane] = xa;
-            sm.share[warp][1][lane] = ya;
-            sm.share[warp][2][lane] = xc;
-        }
-    } else if (active && lane < k) {
-        const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK + warp) * 3) * KP + lane;
-        for (unsigned s0 = 0; s0 < S; s0 += 8) qs_add_splits8<KP>(base, s0, 1, S, split_stride, has_c, xa, ya, xc);
-    }
-    __syncthreads();
-    if (lone && warp == 0 && lane < k) {
-        xa = ya = xc = 0.0;
-#pragma unroll
-        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
-            xa += sm.share[w][0][lane];
-            ya += sm.share[w][1][lane];
-            xc += sm.share[w][2][lane];
-        }
-    }
+}
+
+// Warp w's row (sample position t) from its projections (lane p: probe p's A W_R, D R and C R
+// sums): the row's sums, counts, fingerprints and rank key, added over the block's warps to the
+// check's totals. After qs_sketch_finish_prologue and a barrier; every thread calls it.
+template <int KP>
+QS_DEVICE void qs_sketch_finish_rows(const QsSketchParams& P, QsSketchSmem& sm, qs_u64 t, qs_u64 row, bool active,
+                                     unsigned lane, unsigned warp, double xa, double ya, double xc) {
+    const QsGemmDesc& g = P.g;
+    const qs_u32 k = P.k;
     const double alpha = sm.scalar[0] * sm.scalar[1] * sm.scalar[2], beta = sm.scalar[3], dsc = sm.scalar[4];
     const bool dsc_ok = qs_isfinite(dsc) && dsc != 0.0;
     if (!dsc_ok && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_SCALAR);
@@ -1070,6 +1090,49 @@ QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm,
     }
 }
 
+// The group's rows: warp w finishes row w of the group, lane p probe p, from the partials of
+// every split.
+template <int KP>
+QS_DEVICE void qs_sketch_finish_group(const QsSketchParams& P, QsSketchSmem& sm, qs_u64 t, qs_u64 row, bool active,
+                                      unsigned lane, unsigned warp) {
+    const QsGemmDesc& g = P.g;
+    const qs_u32 k = P.k;
+    qs_sketch_finish_prologue(P, sm.scalar, sm.rowbias, row, active, lane, warp);
+    // The row's partials of every split, summed in split order (deterministic): batches of 8
+    // splits with all their loads in flight (16 would spill under the 128-register bound).
+    // A group with a single row (decode: M = 1) has every warp sum a share of its splits
+    // (warp w: w, w + 8, ...; one batch of loads for up to 64 splits), then warp 0 adds the
+    // shares in warp order: one round trip instead of one per 8 splits.
+    double xa = 0.0, ya = 0.0, xc = 0.0;
+    const unsigned S = gridDim.y;
+    const bool has_c = g.c.ptr != 0;
+    const qs_u64 split_stride = (qs_u64)QS_WARPS_PER_BLOCK * 3 * KP;
+    const bool lone = P.rows.count - (qs_u64)blockIdx.x * QS_WARPS_PER_BLOCK == 1;
+    if (lone) {
+        if (lane < k) {
+            const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK) * 3) * KP + lane;
+            qs_add_splits8<KP>(base, warp, QS_WARPS_PER_BLOCK, S, split_stride, has_c, xa, ya, xc);
+            sm.share[warp][0][lane] = xa;
+            sm.share[warp][1][lane] = ya;
+            sm.share[warp][2][lane] = xc;
+        }
+    } else if (active && lane < k) {
+        const double* base = (const double*)P.partials_ptr + (((qs_u64)blockIdx.x * S * QS_WARPS_PER_BLOCK + warp) * 3) * KP + lane;
+        for (unsigned s0 = 0; s0 < S; s0 += 8) qs_add_splits8<KP>(base, s0, 1, S, split_stride, has_c, xa, ya, xc);
+    }
+    __syncthreads();
+    if (lone && warp == 0 && lane < k) {
+        xa = ya = xc = 0.0;
+#pragma unroll
+        for (int w = 0; w < QS_WARPS_PER_BLOCK; ++w) {
+            xa += sm.share[w][0][lane];
+            ya += sm.share[w][1][lane];
+            xc += sm.share[w][2][lane];
+        }
+    }
+    qs_sketch_finish_rows<KP>(P, sm, t, row, active, lane, warp, xa, ya, xc);
+}
+
 // The whole check (the last group's block): read and reset the totals, publish the slot.
 // Status bits of a snapshot's copy, when they belong to the launch that took it.
 QS_DEVICE qs_u32 qs_snap_status(const QsSnapHeader* h) {
@@ -1077,7 +1140,10 @@ QS_DEVICE qs_u32 qs_snap_status(const QsSnapHeader* h) {
     return (w >> 32) == h->tag ? (qs_u32)(w & 0xFFFFFFFFull) : 0u;
 }
 
-QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch) {
+// claimed_early (the lean check): block (0, 0) claimed the ticket (QsSketchTotals::ticket) and
+// compared the weight samples while its projections loaded (qs_sketch_claim_early).
+QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch,
+                                      bool claimed_early = false) {
     // The ring claim (a read of host memory and a device CAS) runs on warp 1 while the other
     // warps read the totals: its round trips overlap theirs.
     // The weight samples are compared here too, where their round trip overlaps the claim's
@@ -1086,12 +1152,12 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
     __shared__ int claimed, weight_changed;
     if (threadIdx.x == 0) weight_changed = 0;
     __syncthreads();
-    if (threadIdx.x == QS_WARP_SIZE * 2) {
+    if (threadIdx.x == QS_WARP_SIZE * 2 && !claimed_early) {
         qs_u64 t = 0;
         claimed = qs_ring_claim(P.ring, &t);
         ticket = t;
     }
-    if (P.snapshot_ptr && P.g.b.ptr && threadIdx.x < QS_WEIGHT_SAMPLES &&
+    if (!claimed_early && P.snapshot_ptr && P.g.b.ptr && threadIdx.x < QS_WEIGHT_SAMPLES &&
         qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
         weight_changed = 1;
     QsResultSlot* slot = &sm.slot;
@@ -1104,6 +1170,10 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
     __syncthreads();
     const QsSketchTotals& tot = *(const QsSketchTotals*)sm.totals;
     const qs_u32 k = P.k;
+    if (claimed_early && threadIdx.x == 0) {
+        claimed = tot.ticket != 0;
+        ticket = tot.ticket - 1;
+    }
     if (threadIdx.x == 0) {
         slot->dot = tot.sums[0];
         slot->prod_sq = tot.sums[1];
@@ -1333,7 +1403,7 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     QS_TM_MARK(tm_final);
     qs_sketch_finish_check(P, sm, valid, epoch);
     QS_TM_MARK(tm_claim);
-    QS_TM_REPORT(tm_group, tm_final, tm_claim);
+    QS_TM_REPORT(tm_group, tm_final, tm_claim, 0);
 }
 
 #ifndef QS_SKETCH_MIN_BLOCKS
@@ -1365,6 +1435,436 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
             break;
     }
 }
+
+// ================================================================================================
+// qs_sketch_lean_{a}_{d}: the same check as qs_sketch_check for the common case, with a short
+// serial path (CUDA sm_90+; the host picks it, gpu.rs `lean_sketch`): A bf16 or e4m3fn in
+// contiguous, 16-byte aligned rows without A scales (a tensor-wise f32 one is folded into the
+// scalar, QsGemmDesc::sketch_view); D bf16 or f16, row-major and aligned; no C; one W_R for every
+// batch item, also in fragment order (wfrag_ptr); K and N multiples of 32.
+//
+// Grid (groups of QS_LEAN_ROWS rows, QS_LEAN_SPLITS splits), one cluster per group (its splits),
+// QS_BLOCK threads. Measured on an H100 (docs/measurements, session 14), the general kernel
+// spends most of a 256-row check in instruction latency: per-element fragment assembly (tf32
+// splits, register moves) and three serial merge stages through L2. Here:
+//  - each warp issues every load of its share of a split at once (W_R fragments as stored, rows
+//    of A and D and the sign words as 16-byte vectors), then runs the mma's: one round trip per
+//    iteration instead of a chain of dependent ones;
+//  - A W_R is bf16 x bf16 on tensor cores (W_R as hi + lo, two passes; e4m3 A converted to bf16
+//    exactly), D R as in the general kernel (signs as +-1 fragments);
+//  - the 8 warps' partials meet in shared memory, the 8 splits' through distributed shared memory
+//    (a cluster barrier, no global counter), and block s of the cluster finishes rows 2s and
+//    2s + 1 of the group with the general kernel's finishing code; the last block of the grid
+//    publishes the slot (qs_sketch_finish_check).
+// Per-row values are summed in warp and split order: deterministic for a given grid.
+// ================================================================================================
+#define QS_LEAN_ROWS 32
+#define QS_LEAN_SPLITS 8
+#define QS_SKETCH_LEAN QS_CAT5(qs_sketch_lean_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+#define QS_LEAN_FORMATS                                              \
+    ((QS_A_FMT == QS_FMT_BF16 || QS_A_FMT == QS_FMT_E4M3FN) && \
+     (QS_D_FMT == QS_FMT_BF16 || QS_D_FMT == QS_FMT_F16))
+
+#if QS_LEAN_FORMATS
+#if QS_HAVE_CLUSTER && QS_HAVE_MMA && QS_HAVE_FP8_CVT
+// A sampled row of the group: byte addresses of its A and D rows (0: the row is not checked).
+struct QsLeanRow {
+    qs_u64 a, d, row;
+    qs_u32 active, reserved;
+};
+
+// Accumulators of one warp: A W_R and D R tiles (probe tile mt, row tile nt), C fragments.
+template <int MT, int NT>
+struct QsLeanAcc {
+    float v[2][MT][NT][4];
+};
+constexpr int QS_LEAN_ACC_MAX = 2 * 2 * (QS_LEAN_ROWS / 8) * 4;  // floats per lane, kp = 32
+
+struct QsLeanSmem {
+    union {
+        // The block's warps add their accumulators in a tree (4 + 4, 2 + 2, 1 + 1): lane-major
+        // so that each lane reads back exactly what its partner lane wrote, conflict-free.
+        float tree[QS_WARPS_PER_BLOCK / 2][QS_LEAN_ACC_MAX][QS_WARP_SIZE];
+        QsSketchSmem fin;  // the finishing stages, once the tree is done
+    } u;
+    // This block's projections of the group's rows over its split; read by the whole cluster.
+    float part[2][QS_LEAN_ROWS][QS_MAX_PROBES];
+    QsLeanRow rows[QS_LEAN_ROWS];
+    double scalar[5];                          // read before the projections (finish prologue)
+    double rowbias[QS_LEAN_ROWS / QS_LEAN_SPLITS];
+};
+
+// A unit (32 elements) of a row as this lane's B fragments: b[s][0..1] for steps s = 0, 1.
+template <int F>
+struct QsLeanRowUnit;
+template <>
+struct QsLeanRowUnit<2> {  // 16-bit elements: one 16-byte vector
+    uint4 v;
+    QS_DEVICE void load(qs_u64 row_addr, qs_u64 elem) { v = *(const uint4*)(row_addr + elem * 2); }
+    QS_DEVICE void zero() { v = make_uint4(0u, 0u, 0u, 0u); }
+    QS_DEVICE void frags(qs_u32 (&b)[2][2]) const {
+        b[0][0] = v.x;
+        b[0][1] = v.y;
+        b[1][0] = v.z;
+        b[1][1] = v.w;
+    }
+};
+template <>
+struct QsLeanRowUnit<1> {  // e4m3: 8 bytes, converted to bf16 exactly
+    uint2 v;
+    QS_DEVICE void load(qs_u64 row_addr, qs_u64 elem) { v = *(const uint2*)(row_addr + elem); }
+    QS_DEVICE void zero() { v = make_uint2(0u, 0u); }
+    QS_DEVICE void frags(qs_u32 (&b)[2][2]) const {
+        b[0][0] = qs_bf16x2_from_e4m3x2(v.x & 0xFFFFu);
+        b[0][1] = qs_bf16x2_from_e4m3x2(v.x >> 16);
+        b[1][0] = qs_bf16x2_from_e4m3x2(v.y & 0xFFFFu);
+        b[1][1] = qs_bf16x2_from_e4m3x2(v.y >> 16);
+    }
+};
+
+// Block (0, 0), while its first loads are in flight: the ring ticket (into the totals, where
+// the publishing block reads it with them) and the weight samples (WEIGHT_CHANGED into the
+// status word). Off the check's tail: there they cost ~1.5 us of dependent round trips.
+QS_DEVICE void qs_sketch_claim_early(const QsSketchParams& P, unsigned lane) {
+    if (lane == 0) {
+        qs_u64 t = 0;
+        const bool claimed = qs_ring_claim(P.ring, &t);
+        ((QsSketchTotals*)P.totals_ptr)->ticket = claimed ? t + 1 : 0;
+    }
+    if (P.snapshot_ptr && P.g.b.ptr && lane < QS_WEIGHT_SAMPLES &&
+        qs_weight_sample(P.g.b, lane) != ((const qs_u32*)P.snapshot_ptr)[lane])
+        qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
+}
+
+template <int KP>
+QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm) {
+    constexpr int MT = QS_WFRAG_TILES(KP);  // 16-probe tiles
+    constexpr int NT = QS_LEAN_ROWS / 8;    // 8-row tiles
+    constexpr int UA = 2, UD = 2;           // 32-element units per warp and iteration (A, D)
+    constexpr int AB = QsFmt<QS_A_FMT>::BITS / 8;
+    constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;  // rows each block of the cluster finishes
+    constexpr int ACC = 2 * MT * NT * 4;
+    using DM = QsDMma<QS_D_FMT>;
+    const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
+    const unsigned gq = lane >> 2, tq = lane & 3u;
+    const QsGemmDesc& g = P.g;
+    const qs_u64 st = P.status_ptr;
+    const unsigned gi = blockIdx.x, si = blockIdx.y;
+    qs_u64 k0, k1, n0, n1;
+    qs_slice(g.k, si, QS_LEAN_SPLITS, &k0, &k1);
+    qs_slice(g.n, si, QS_LEAN_SPLITS, &n0, &n1);
+    const unsigned units_a = valid ? (unsigned)((k1 - k0) >> 5) : 0u, units_d = valid ? (unsigned)((n1 - n0) >> 5) : 0u;
+    const qs_u64 ua0 = k0 >> 5, ud0 = n0 >> 5;
+    const uint4* wf = (const uint4*)P.wfrag_ptr;
+    const qs_u32* signs = (const qs_u32*)P.signs_ptr;
+    // W_R fragments and sign words of a warp's iteration: they do not depend on the sampled
+    // rows, so the first iteration's are in flight while the rows are drawn.
+    uint4 w[UA][2][MT][2];
+    uint4 sv[UD][2];
+    auto load_w = [&](unsigned ia) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (ia + u < units_a) {
+                const qs_u64 gu = ua0 + ia + u;
+#pragma unroll
+                for (int s = 0; s < 2; ++s)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int pass = 0; pass < 2; ++pass)
+                            w[u][s][mt][pass] = wf[(((gu * 2 + s) * MT + mt) * 2 + pass) * 32 + lane];
+            }
+        }
+    };
+    auto load_signs = [&](unsigned id) {
+#pragma unroll
+        for (int u = 0; u < UD; ++u) {
+            if (id + u < units_d) {
+                const qs_u64 j = (ud0 + id + u) * 32 + 8 * tq;
+                sv[u][0] = *(const uint4*)(signs + j);
+                sv[u][1] = *(const uint4*)(signs + j + 4);
+            }
+        }
+    };
+    load_w(warp * UA);
+    load_signs(warp * UD);
+    const qs_u64 epoch = P.packed_ptr ? ((const QsSnapHeader*)P.packed_ptr)->epoch : qs_rows_epoch(P.rows);
+
+    if (threadIdx.x < QS_LEAN_ROWS) {
+        const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + threadIdx.x;
+        QsLeanRow r;
+        r.a = r.d = r.row = 0;
+        r.active = r.reserved = 0;
+        qs_u64 row = 0;
+        if (valid && t < P.rows.count && qs_rows_at(P.rows, epoch, t, &row, st)) {
+            const qs_u64 item = row / g.m, i = row % g.m;
+            const qs_u64 af = item * g.a.batch_stride + i * qs_op_strides(g.a).rs;
+            const qs_u64 df = qs_out_offset(g.d, item, i, 0);
+            const qs_u64 a = g.a.ptr + af * AB, d = g.d.ptr + df * 2;
+            r.row = row;
+            if (af + g.k > g.a.extent || df + g.n > g.d.extent) {
+                qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+            } else if (((a | d) & 15u) != 0) {
+                qs_flag(st, QS_STATUS_BAD_DESCRIPTOR);
+            } else {
+                r.a = a;
+                r.d = d;
+                r.active = 1;
+            }
+        }
+        sm.rows[threadIdx.x] = r;
+    }
+    __syncthreads();
+    // The finishing stage's scalars and row biases now, so that their reads overlap the loads.
+    {
+        const QsLeanRow r = sm.rows[FIN * si + (warp % FIN)];
+        if (warp < FIN) qs_sketch_finish_prologue(P, sm.scalar, sm.rowbias, r.row, r.active != 0, lane, warp);
+    }
+
+    // ---- projections: this lane's row of tile nt is 8 nt + gq --------------------------------
+    qs_u64 arow[NT], drow[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const QsLeanRow r = sm.rows[8 * nt + gq];
+        arow[nt] = r.active ? r.a : 0;
+        drow[nt] = r.active ? r.d : 0;
+    }
+    QsLeanAcc<MT, NT> acc;
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc.v[x][mt][nt][c] = 0.0f;
+    qs_u64 nan_d = 0, inf_d = 0;
+    qs_u32 nonfinite = 0;
+    bool claim = gi == 0 && si == 0 && warp == QS_WARPS_PER_BLOCK - 1;
+    for (unsigned ia = warp * UA, id = warp * UD; ia < units_a || id < units_d;
+         ia += QS_WARPS_PER_BLOCK * UA, id += QS_WARPS_PER_BLOCK * UD) {
+        // Every load of the iteration first (the first iteration's W_R and signs are in flight).
+        if (ia != warp * UA || id != warp * UD) {
+            load_w(ia);
+            load_signs(id);
+        }
+        QsLeanRowUnit<AB> av[UA][NT];
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (ia + u < units_a) {
+                const qs_u64 gu = ua0 + ia + u;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    if (arow[nt]) {
+                        av[u][nt].load(arow[nt], gu * 32 + 8 * tq);
+                    } else {
+                        av[u][nt].zero();
+                    }
+                }
+            }
+        }
+        uint4 dv[UD][NT];
+#pragma unroll
+        for (int u = 0; u < UD; ++u) {
+            if (id + u < units_d) {
+                const qs_u64 j = (ud0 + id + u) * 32 + 8 * tq;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    dv[u][nt] = drow[nt] ? *(const uint4*)(drow[nt] + j * 2) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        if (claim) {
+            qs_sketch_claim_early(P, lane);
+            claim = false;
+        }
+        // A W_R: two passes (hi, lo) per step.
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (ia + u >= units_a) break;
+            qs_u32 b[NT][2][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) av[u][nt].frags(b[nt]);
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int pass = 0; pass < 2; ++pass) {
+                        const uint4 a = w[u][s][mt][pass];
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+                            qs_mma_16bit<false>(acc.v[0][mt][nt], a.x, a.y, a.z, a.w, b[nt][s][0], b[nt][s][1]);
+                    }
+        }
+        // D R: +-1 fragments from the sign words (qs_sign_pair), D as stored.
+#pragma unroll
+        for (int u = 0; u < UD; ++u) {
+            if (id + u >= units_d) break;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint4 q = dv[u][nt];
+                const qs_u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) nonfinite |= (words[i] & DM::EXP2) + DM::ELSB2;
+                if ((nonfinite & 0x80008000u) != 0) {
+                    // Rare: count the NaN / Inf elements of this vector exactly.
+                    constexpr qs_u32 EXPH = DM::EXP2 & 0xFFFFu, MANH = DM::F16 ? 0x03FFu : 0x007Fu;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const qs_u32 x = (words[i] >> (16 * h)) & 0xFFFFu;
+                            if ((x & EXPH) == EXPH) {
+                                nan_d += (x & MANH) != 0;
+                                inf_d += (x & MANH) == 0;
+                            }
+                        }
+                    nonfinite = 0;
+                }
+            }
+            const qs_u32 sw[8] = {sv[u][0].x, sv[u][0].y, sv[u][0].z, sv[u][0].w,
+                                  sv[u][1].x, sv[u][1].y, sv[u][1].z, sv[u][1].w};
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                const qs_u32 z0 = sw[4 * s] << (7u - gq), z1 = sw[4 * s + 1] << (7u - gq),
+                             z2 = sw[4 * s + 2] << (7u - gq), z3 = sw[4 * s + 3] << (7u - gq);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const qs_u32 a0 = qs_sign_pair<DM::ONE2>(z0, z1, 2 * mt);
+                    const qs_u32 a2 = qs_sign_pair<DM::ONE2>(z2, z3, 2 * mt);
+                    qs_u32 a1 = 0u, a3 = 0u;  // probes 8..15 of the tile (none when kp = 8)
+                    if constexpr (KP > 8) {
+                        a1 = qs_sign_pair<DM::ONE2>(z0, z1, 2 * mt + 1);
+                        a3 = qs_sign_pair<DM::ONE2>(z2, z3, 2 * mt + 1);
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const uint4 q = dv[u][nt];
+                        qs_mma_16bit<DM::F16>(acc.v[1][mt][nt], a0, a1, a2, a3, s == 0 ? q.x : q.z, s == 0 ? q.y : q.w);
+                    }
+                }
+            }
+        }
+    }
+    if (claim) qs_sketch_claim_early(P, lane);  // a warp without loads
+    QS_TM_A_DONE();
+    nan_d = qs_warp_sumu((qs_u32)nan_d);
+    inf_d = qs_warp_sumu((qs_u32)inf_d);
+    QsSketchTotals* totals = (QsSketchTotals*)P.totals_ptr;
+    if (lane == 0 && (nan_d | inf_d) != 0) {
+        if (nan_d) qs_red_add_u64(&totals->elem_nonfinite[0], nan_d);
+        if (inf_d) qs_red_add_u64(&totals->elem_nonfinite[1], inf_d);
+    }
+
+    // ---- the block's sums: a tree over the warps ((w + w4) + (w2 + w6)) + ... ------------------
+    float* a = &acc.v[0][0][0][0];
+#pragma unroll
+    for (int half = QS_WARPS_PER_BLOCK / 2; half >= 1; half /= 2) {
+        if (warp >= (unsigned)half && warp < 2u * half) {
+#pragma unroll
+            for (int x = 0; x < ACC; ++x) sm.u.tree[warp - half][x][lane] = a[x];
+        }
+        __syncthreads();
+        if (warp < (unsigned)half) {
+#pragma unroll
+            for (int x = 0; x < ACC; ++x) a[x] += sm.u.tree[warp][x][lane];
+        }
+        __syncthreads();
+    }
+    // Warp 0 holds the block's projections. C fragment: (probe 16 mt + g [+ 8], row 8 nt + 2t [+ 1]).
+    if (warp == 0) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const unsigned p = 16u * mt + gq, r = 8u * nt + 2u * tq;
+                    sm.part[x][r][p] = acc.v[x][mt][nt][0];
+                    sm.part[x][r + 1][p] = acc.v[x][mt][nt][1];
+                    if constexpr (KP > 8) {
+                        sm.part[x][r][p + 8] = acc.v[x][mt][nt][2];
+                        sm.part[x][r + 1][p + 8] = acc.v[x][mt][nt][3];
+                    }
+                }
+    }
+    QS_TM_PROJ_DONE();
+    // ---- the group's splits, through the cluster's shared memory --------------------------------
+    qs_cluster_sync();
+    QS_TM_MARK(tm_sync1);
+    // Block s of the cluster finishes rows FIN s + w (warp w < FIN) of the group.
+    const unsigned lr = FIN * si + (warp % FIN);
+    const QsLeanRow rr = sm.rows[lr];
+    const bool active = warp < (unsigned)FIN && rr.active != 0;
+    const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + lr;
+    double xa = 0.0, ya = 0.0;
+    if (warp < (unsigned)FIN && lane < P.k) {
+        float va[QS_LEAN_SPLITS], vy[QS_LEAN_SPLITS];
+#pragma unroll
+        for (int s = 0; s < QS_LEAN_SPLITS; ++s) {
+            va[s] = qs_cluster_load_f32(&sm.part[0][lr][lane], s);
+            vy[s] = qs_cluster_load_f32(&sm.part[1][lr][lane], s);
+        }
+#pragma unroll
+        for (int s = 0; s < QS_LEAN_SPLITS; ++s) {
+            xa += (double)va[s];
+            ya += (double)vy[s];
+        }
+    }
+    if (threadIdx.x < 5) sm.u.fin.scalar[threadIdx.x] = sm.scalar[threadIdx.x];
+    if (lane == 0 && warp < (unsigned)FIN) sm.u.fin.rowbias[warp] = sm.rowbias[warp];
+    // This block is done reading the cluster's `part`; no block leaves before every block is
+    // (the wait before returning), but nothing waits for that here.
+    qs_cluster_arrive();
+    __syncthreads();  // fin.scalar / rowbias above
+    QS_TM_MARK(tm_sync2);
+    qs_sketch_finish_rows<KP>(P, sm.u.fin, t, rr.row, active, lane, warp, xa, ya, 0.0);
+    QS_TM_MARK(tm_group);
+    const bool last = qs_last_block((qs_u32*)P.counters_ptr, gridDim.x * gridDim.y);
+    qs_cluster_wait();
+    if (!last) return;
+    QS_TM_MARK(tm_final);
+    qs_sketch_finish_check(P, sm.u.fin, valid, epoch, true);
+    QS_TM_MARK(tm_claim);
+#if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
+    if (threadIdx.x == 0)
+        printf("QS_LEAN_STAGES sync1 %llu sync2 %llu\n", tm_sync1 - qs_tm_start, tm_sync2 - qs_tm_start);
+#endif
+    (void)tm_sync1;
+    (void)tm_sync2;
+    QS_TM_REPORT(tm_group, tm_final, tm_claim, 2);
+}
+
+QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS, 1) QS_SKETCH_LEAN(QsSketchParams P) {
+    const QsGemmDesc& g = P.g;
+    const bool valid = g.a.format == QS_A_FMT && g.d.format == QS_D_FMT && blockDim.x == QS_BLOCK &&
+                       P.rows_per_group == QS_LEAN_ROWS && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS &&
+                       P.k >= 1 && P.k <= P.kp && g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
+                       P.wfrag_ptr != 0 && (P.wfrag_ptr & 15u) == 0 && P.wr_batch_stride == 0 && g.c.ptr == 0 &&
+                       g.a_scale.ptr == 0 && qs_op_strides(g.a).cs == 1 && g.d.order == QS_ORDER_ROW &&
+                       g.k % 32 == 0 && g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
+    __shared__ QsLeanSmem sm;
+    QS_TM_BLOCK_START();
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
+    switch (P.kp) {
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
+        case 8: qs_lean_body<8>(P, valid, sm); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
+        case 16: qs_lean_body<16>(P, valid, sm); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
+        case 32: qs_lean_body<32>(P, valid, sm); break;
+#endif
+        default: qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); break;
+    }
+}
+#else
+// Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entry exists so that every
+// program of these formats has the same entries; the host never launches it here.
+QS_GLOBAL void QS_SKETCH_LEAN(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
+#endif
+#endif
 
 // ================================================================================================
 // qs_sketch_snap_{a}_{d}: the snapshot of a detached check (QsSnapParams in qs_abi.h). Runs on

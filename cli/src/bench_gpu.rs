@@ -164,7 +164,7 @@ pub fn run(
     for &probes in probe_counts.iter().filter(|_| want("sketch")) {
         // Sketch check per call (weight projection done once, outside the timing).
         emit(&mut report, &format!(
-            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | detached: copy on the caller's stream, us | detached: check over the copy, us |\n| --- | --- | --- | --- | --- | --- | --- |\n"
+            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | kernel | general kernel in place, us | detached: copy on the caller's stream, us | detached: check over the copy, us |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
         ));
         for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
             for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
@@ -207,6 +207,22 @@ pub fn run(
                         time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
                             .map_err(|e| e.to_string())?;
                     while checker.ring.lock().unwrap().poll().is_some() {}
+                    // The general kernel on the same call, side by side, where the lean one ran.
+                    let lean = checker.sketch_takes_lean(&g, &weight, rows.count);
+                    let general = if lean {
+                        checker.set_lean_sketch(false);
+                        let general = checker.prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0));
+                        checker.set_lean_sketch(true);
+                        let general = general.map_err(|e| e.to_string())?;
+                        let ms = time_ms(rt.as_ref(), 50, 5, || {
+                            checker.launch_prepared(&general, Stream::default())
+                        })
+                        .map_err(|e| e.to_string())?;
+                        while checker.ring.lock().unwrap().poll().is_some() {}
+                        format!("{:.1}", ms * 1e3)
+                    } else {
+                        "-".into()
+                    };
                     // Detached (QUANTSHADOW_SKETCH_DETACH, the shim's default): what the caller's
                     // stream pays (the copy kernel) and the check over the copy, apart.
                     let (copy_us, check_us) =
@@ -247,8 +263,9 @@ pub fn run(
                     emit(
                         &mut report,
                         &format!(
-                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {copy_us} | {check_us} |\n",
-                            ms * 1e3
+                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {} | {general} | {copy_us} | {check_us} |\n",
+                            ms * 1e3,
+                            if lean { "lean" } else { "general" }
                         ),
                     );
                 }

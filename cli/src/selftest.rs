@@ -1210,6 +1210,38 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
     if quick {
         scenarios.truncate(3);
     }
+    // Shapes for the lean kernel (CUDA sm_90+): a partial group of 32 rows with k = 16, the
+    // fewest rows it takes (16), and K slices long enough for several load-then-mma iterations
+    // per warp.
+    scenarios.extend([
+        SketchScenario {
+            name: "fp8 tensor-wise, 57 rows, full-rank noise k=16",
+            scheme: "fp8-tensor",
+            m: 57,
+            k: 512,
+            probes: 16,
+            rows_per_call: 256,
+            plant: Plant::Noise(0.05),
+        },
+        SketchScenario {
+            name: "bf16 16 rows, K = 4096, full-rank noise k=32",
+            scheme: "bf16",
+            m: 16,
+            k: 4096,
+            probes: 32,
+            rows_per_call: 256,
+            plant: Plant::Noise(0.05),
+        },
+        SketchScenario {
+            name: "bf16 129 rows, K = 8192, full-rank noise k=8",
+            scheme: "bf16",
+            m: 129,
+            k: 8192,
+            probes: 8,
+            rows_per_call: 256,
+            plant: Plant::Noise(0.05),
+        },
+    ]);
     // An odd K: the last tensor-core k step of the projection is partial.
     scenarios.push(SketchScenario {
         name: "odd K = 509, full-rank noise k=32",
@@ -1220,7 +1252,28 @@ fn gpu_sketch(checker: &GpuChecker, quick: bool) -> Vec<Outcome> {
         rows_per_call: 256,
         plant: Plant::Noise(0.05),
     });
-    let mut out: Vec<Outcome> = scenarios.iter().flat_map(|s| gpu_sketch_scenario(checker, s)).collect();
+    // Every scenario on the general kernel; where the device and the call allow, again on the
+    // lean one (which the shim takes there by default).
+    let lean_device = checker.lean_sketch();
+    let mut out = Vec::new();
+    let mut lean_cases = 0;
+    for s in &scenarios {
+        out.extend(gpu_sketch_scenario(checker, s, false));
+        if lean_device {
+            let lean = gpu_sketch_scenario(checker, s, true);
+            lean_cases += !lean.is_empty() as u32;
+            out.extend(lean);
+        }
+    }
+    checker.set_lean_sketch(lean_device);
+    if lean_device {
+        out.push(outcome(
+            "sketch claim",
+            "the lean kernel ran the scenarios its calls allow",
+            lean_cases >= 3,
+            format!("{lean_cases} of {} scenarios on the lean kernel too", scenarios.len()),
+        ));
+    }
     out.push(gpu_sketch_weight_change(checker));
     out
 }
@@ -1275,7 +1328,12 @@ fn gpu_sketch_weight_change(checker: &GpuChecker) -> Outcome {
     run().unwrap_or_else(|e| error_outcome("sketch", case, e))
 }
 
-fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome> {
+/// One scenario on the general kernel (`lean` false) or the lean one (`lean` true: nothing when
+/// the call does not allow it).
+fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> Vec<Outcome> {
+    let kernel = if lean { " [lean kernel]" } else { "" };
+    let name = format!("{}{kernel}", s.name);
+    let name = name.as_str();
     let run = || -> Result<Vec<Outcome>, String> {
         let (n, k) = (1024u64, s.k);
         let problem = scheme_problem(s.scheme, s.m, n, k);
@@ -1324,7 +1382,11 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome>
         let weight = checker
             .sketch_weight(&g, problem.a.format, problem.d.format, seed, s.probes)
             .map_err(|e| e.to_string())?;
+        checker.set_lean_sketch(lean);
         let sample = sketch::RowSample::new(seed, s.m, s.rows_per_call);
+        if lean && !checker.sketch_takes_lean(&g, &weight, sample.count) {
+            return Ok(vec![]);
+        }
         let scratch = checker
             .sketch_scratch(sample.count.min(s.m), k, n, s.probes, false)
             .map_err(|e| e.to_string())?;
@@ -1369,7 +1431,7 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome>
         let device = sketch::slot_metrics(&slots[0]);
         let mut outs = vec![outcome(
             "sketch device=host",
-            s.name,
+            name,
             rel(device.nmse, host.nmse) <= 1e-3 && rel(device.cosine, host.cosine) <= 1e-6,
             format!(
                 "device nmse {:.4e} cos {:.6} | host mirror nmse {:.4e} cos {:.6}",
@@ -1378,8 +1440,8 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome>
         )];
         let judge = |m: &Metrics| !Thresholds::default().judge(problem.class(), m).is_empty();
         let (claim, pass) = match s.plant {
-            Plant::Noise(_) if s.name.contains("10x above") => ("flagged", judge(&device)),
-            Plant::Noise(_) if s.name.contains("10x below") => ("not flagged", !judge(&device)),
+            Plant::Noise(_) if name.contains("10x above") => ("flagged", judge(&device)),
+            Plant::Noise(_) if name.contains("10x below") => ("not flagged", !judge(&device)),
             Plant::Noise(_) => ("NMSE within 25%", rel(device.nmse, exact.nmse) <= 0.25),
             Plant::ScaleRow { .. } => {
                 ("NMSE within 2x", device.nmse <= 2.0 * exact.nmse && device.nmse >= 0.5 * exact.nmse)
@@ -1394,7 +1456,7 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome>
         };
         outs.push(outcome(
             "sketch claim",
-            format!("{}: {claim}", s.name),
+            format!("{name}: {claim}"),
             pass,
             format!(
                 "estimate nmse {:.4e} cos {:.6} norm {:.4} | exact nmse {:.4e} cos {:.6} norm {:.4} ({} epochs)",
@@ -1404,7 +1466,7 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario) -> Vec<Outcome>
         let _ = &mut inputs;
         Ok(outs)
     };
-    run().unwrap_or_else(|e| vec![error_outcome("sketch", s.name, e)])
+    run().unwrap_or_else(|e| vec![error_outcome("sketch", name, e)])
 }
 
 /// Detached checks (`QUANTSHADOW_SKETCH_DETACH`, `device::snapshot`): the copy kernel and the

@@ -3,7 +3,7 @@
 
 The kernel's last block prints one line per launch:
   QS_TIMING af A m M n N k K det D last_start us... a .. proj .. group .. final .. claim .. publish ..
-(A: the A format id, D = 1 for a detached check over a snapshot; stage values in ns from the
+(A: the A format id, D = 1 for a detached check over a snapshot, + 2 for the lean kernel; stage values in ns from the
 first block's start). Device printf and the bench's table go through different buffers, so lines
 are grouped by their (format, M, N, K, kind), not by position. Prints the median of each stage in
 us per group. Usage: quantshadow bench gpu ... | python3 tests/gpu/stage_times.py [LABEL]
@@ -25,7 +25,7 @@ def main() -> None:
         key = tuple(rec.pop(k) for k in KEYS)
         groups.setdefault(key, []).append(rec)
     for (af, m, n, k, det), recs in sorted(groups.items()):
-        kind = "detached" if det else "in place"
+        kind = ("lean " if det >= 2 else "") + ("detached" if det % 2 else "in place")
         stages = " ".join(f"{s} {statistics.median(r[s] for r in recs) / 1e3:.2f}" for s in recs[0])
         print(f"{label} af={af} M={m} {n}x{k} [{kind}, {len(recs)}]: {stages}")
 

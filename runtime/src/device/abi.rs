@@ -399,6 +399,9 @@ pub struct QsWprojParams {
     pub reserved: u32,
     /// u32[WEIGHT_SAMPLES]: samples of B taken with W_R; 0 = none.
     pub snapshot_ptr: u64,
+    /// W_R again in mma fragment order, bf16 hi + lo ([`wfrag_bytes`]), for the lean check;
+    /// 0 = not written.
+    pub frag_ptr: u64,
 }
 
 #[repr(C)]
@@ -437,6 +440,8 @@ pub struct QsSketchParams {
     pub snapshot_ptr: u64,
     /// Detached check: the [`QsSnapHeader`] of the snapshot `g` describes; 0 = `g` is the call.
     pub packed_ptr: u64,
+    /// `qs_sketch_lean` only: W_R in fragment order ([`QsWprojParams::frag_ptr`]).
+    pub wfrag_ptr: u64,
 }
 
 /// Head of a detached check's snapshot buffer (qs_abi.h), followed by u64 rows[count].
@@ -559,7 +564,9 @@ pub struct QsSketchTotals {
     pub counts: [u64; 6],
     pub elem_nonfinite: [u64; 2],
     pub worst: u64,
-    pub reserved: [u64; 2],
+    /// Lean check: the ring ticket + 1 its block (0, 0) claimed early; 0 = none.
+    pub ticket: u64,
+    pub reserved: u64,
     pub y_sum: [f64; MAX_PROBES],
     pub x_sum: [f64; MAX_PROBES],
 }
@@ -631,9 +638,9 @@ const _: () = {
     assert!(offset_of!(QsRefParams, rows) == 512 && offset_of!(QsRefParams, out_ptr) == 584);
     assert!(size_of::<QsPrepParams>() == 96);
     assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
-    assert!(size_of::<QsWprojParams>() == 176);
+    assert!(size_of::<QsWprojParams>() == 184);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
-    assert!(size_of::<QsSketchParams>() == 768);
+    assert!(size_of::<QsSketchParams>() == 776);
     assert!(size_of::<QsSnapHeader>() == 64);
     assert!(size_of::<QsSnapParams>() == 672);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
@@ -916,6 +923,32 @@ impl QsGemmDesc {
         }
     }
 
+    /// Whether `qs_sketch_lean_{a}_{d}` can check this (sketch view of a) call; its kernel
+    /// validates the same (qs_sketch.cu). Formats ([`lean_sketch_formats`]); no C and no A scales;
+    /// op(A) rows and D rows contiguous, 16-byte aligned (base, row and batch strides), so
+    /// that every 32-element unit of a row is one aligned vector; K and N multiples of 32.
+    pub fn lean_sketch_eligible(&self) -> bool {
+        let (Some(a), Some(d)) = (Format::from_u8(self.a.format as u8), Format::from_u8(self.d.format as u8))
+        else {
+            return false;
+        };
+        let aligned = |ptr: u64, strides: &[u64], bytes: u64| {
+            ptr % 16 == 0 && strides.iter().all(|s| (s * bytes) % 16 == 0)
+        };
+        let (a_rs, a_cs) = self.a.op_strides();
+        let (ab, db) = (a.bits() as u64 / 8, d.bits() as u64 / 8);
+        lean_sketch_formats(a, d)
+            && self.c.ptr == 0
+            && self.a_scale.ptr == 0
+            && a_cs == 1
+            && self.d.order == ORDER_ROW
+            && aligned(self.a.ptr, &[a_rs, self.a.batch_stride], ab)
+            && aligned(self.d.ptr, &[self.d.ld, self.d.batch_stride], db)
+            && self.k % LEAN_UNIT == 0
+            && self.n % LEAN_UNIT == 0
+            && self.m > 0
+    }
+
     /// Kernel descriptor of a call: validates the problem, checks buffer alignment and fills
     /// every extent from the problem's own geometry (the device never reads past them).
     pub fn from_problem(p: &GemmProblem, bufs: &GemmBuffers) -> Result<QsGemmDesc, AbiError> {
@@ -1134,6 +1167,39 @@ pub const SKETCH_BLOCKS_PER_SM: u64 = 2;
 /// elements (`qs_slice`), so narrower requests would only leave splits empty.
 pub const SKETCH_MIN_SLICE: u64 = 128;
 
+/// The lean sketch check (`qs_sketch_lean_{a}_{d}`, CUDA sm_90+): rows per block (group),
+/// splits per group (one thread-block cluster) and the element unit of its K / N slices
+/// (qs_sketch.cu QS_LEAN_ROWS, QS_LEAN_SPLITS).
+pub const LEAN_ROWS: u64 = 32;
+pub const LEAN_SPLITS: u64 = 8;
+pub const LEAN_UNIT: u64 = 32;
+
+/// A and D formats the lean check is compiled for (qs_sketch.cu QS_LEAN_FORMATS).
+pub fn lean_sketch_formats(a: Format, d: Format) -> bool {
+    matches!(a, Format::Bf16 | Format::E4m3fn) && matches!(d, Format::Bf16 | Format::F16)
+}
+
+/// Bytes of W_R in fragment order (qs_sketch.cu qs_wfrag_index): bf16 hi and lo of every
+/// element, probes padded to whole 16-probe tiles.
+pub fn wfrag_bytes(k_dim: u64, kp: u32) -> u64 {
+    k_dim * (kp as u64).div_ceil(16) * 16 * 2 * 2
+}
+
+/// Whether the lean check is the faster one for `rows` sampled rows of an `n`-wide output. Its
+/// grid has only [`LEAN_SPLITS`] blocks per 32 rows, each with a whole N / 8 slice: measured on
+/// an H100 (docs/measurements/2026-11-26-h100-lean-sketch.md, k = 32) it is 2-9 us faster from
+/// 16 rows up at N <= 14336, equal at one row of 4096 x 4096, 1-2 us slower at one row of the
+/// 14336-wide shapes and ~30 us slower at the 128256-wide LM head, where the general kernel
+/// spreads one row over many narrow splits.
+pub fn lean_sketch_worthwhile(rows: u64, n: u64) -> bool {
+    rows >= LEAN_ROWS / 2 && n <= 16384
+}
+
+/// Grid of a lean check of `rows` rows: (groups of [`LEAN_ROWS`], [`LEAN_SPLITS`]).
+pub fn lean_sketch_launch(rows: u64) -> Result<LaunchConfig, AbiError> {
+    LaunchConfig::new([rows.max(1).div_ceil(LEAN_ROWS), LEAN_SPLITS, 1], BLOCK_THREADS)
+}
+
 /// Geometry of one sketch check launch and the scratch it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SketchGeometry {
@@ -1328,7 +1394,7 @@ impl KernelBuild {
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
     /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean form
-    /// `qs_sketch_snap_rows_{a}_{d}`.
+    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         Ok(KernelBuild {
@@ -1353,7 +1419,13 @@ impl KernelBuild {
                     name: format!("qs_sketch_snap_rows_{}_{}", a.name(), d.name()),
                     params: ParamKind::Snap,
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(lean_sketch_formats(a, d).then(|| KernelEntry {
+                name: format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
+                params: ParamKind::Sketch,
+            }))
+            .collect(),
         })
     }
 
@@ -1556,6 +1628,62 @@ mod tests {
     }
 
     #[test]
+    fn lean_sketch_constants_match_the_kernel() {
+        let text = KernelSource::Sketch.text();
+        let define = |name: &str| -> u64 {
+            let line = text.lines().find(|l| l.starts_with(&format!("#define {name} "))).expect(name);
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).expect(name)
+        };
+        assert_eq!(define("QS_LEAN_ROWS"), LEAN_ROWS);
+        assert_eq!(define("QS_LEAN_SPLITS"), LEAN_SPLITS);
+    }
+
+    #[test]
+    fn lean_sketch_takes_only_what_its_kernel_reads_as_vectors() {
+        let desc = |p: &GemmProblem, a: u64, d: u64| {
+            let bufs = GemmBuffers { a, b: 0x20000, c: 0, d, ..Default::default() };
+            QsGemmDesc::from_problem(p, &bufs).unwrap().sketch_view()
+        };
+        let plain = GemmProblem::row_major(4096, 4096, 4096, Format::Bf16, Format::Bf16, Format::Bf16);
+        assert!(desc(&plain, 0x10000, 0x30000).lean_sketch_eligible());
+        // FP8 _scaled_mm: the tensor-wise A scale is folded, so eligible.
+        let mut fp8 = GemmProblem::row_major(4096, 4096, 4096, Format::E4m3fn, Format::E4m3fn, Format::Bf16);
+        fp8.a_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));
+        fp8.b_scale = Some(ScaleSpec::new(ScaleGranularity::Tensor, Format::F32));
+        let bufs = GemmBuffers {
+            a: 0x10000,
+            b: 0x20000,
+            d: 0x30000,
+            a_scale: 0x40000,
+            b_scale: 0x50000,
+            ..Default::default()
+        };
+        assert!(QsGemmDesc::from_problem(&fp8, &bufs).unwrap().sketch_view().lean_sketch_eligible());
+        // Per-row A scales stay per element: the general kernel.
+        fp8.a_scale = Some(ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32));
+        assert!(!QsGemmDesc::from_problem(&fp8, &bufs).unwrap().sketch_view().lean_sketch_eligible());
+        // Formats, K / N not multiples of 32, rows that are not 16-byte multiples, a D
+        // address off 16 bytes, a transposed A (op(A) rows strided).
+        let f32_a = GemmProblem::row_major(64, 64, 64, Format::F32, Format::Bf16, Format::Bf16);
+        assert!(!desc(&f32_a, 0x10000, 0x30000).lean_sketch_eligible());
+        let odd_k = GemmProblem::row_major(64, 64, 80, Format::Bf16, Format::Bf16, Format::Bf16);
+        assert!(!desc(&odd_k, 0x10000, 0x30000).lean_sketch_eligible());
+        let odd_n = GemmProblem::row_major(64, 48, 64, Format::Bf16, Format::Bf16, Format::Bf16);
+        assert!(!desc(&odd_n, 0x10000, 0x30000).lean_sketch_eligible());
+        let fp8_k = GemmProblem::row_major(64, 64, 32, Format::E4m3fn, Format::E4m3fn, Format::Bf16);
+        assert!(desc(&fp8_k, 0x10000, 0x30000).lean_sketch_eligible());
+        let mut fp8_lda = fp8_k.clone();
+        fp8_lda.a.ld = 40; // 40 bytes per row
+        assert!(!desc(&fp8_lda, 0x10000, 0x30000).lean_sketch_eligible());
+        assert!(!desc(&plain, 0x10000, 0x30008).lean_sketch_eligible());
+        let mut at = GemmProblem::row_major(64, 64, 64, Format::Bf16, Format::Bf16, Format::Bf16);
+        at.trans_a = crate::problem::Transpose::T;
+        assert!(!desc(&at, 0x10000, 0x30000).lean_sketch_eligible());
+        assert_eq!(wfrag_bytes(4096, 32), 4096 * 32 * 4);
+        assert_eq!(wfrag_bytes(4096, 8), 4096 * 16 * 4);
+    }
+
+    #[test]
     fn misaligned_and_missing_buffers_are_refused() {
         let p = GemmProblem::row_major(8, 8, 8, Format::Bf16, Format::Bf16, Format::Bf16);
         let bufs = GemmBuffers { a: 0x1001, b: 0x2000, d: 0x3000, ..Default::default() };
@@ -1575,9 +1703,13 @@ mod tests {
                 "qs_sketch_wproj_e4m3fn",
                 "qs_sketch_check_e4m3fn_bf16",
                 "qs_sketch_snap_e4m3fn_bf16",
-                "qs_sketch_snap_rows_e4m3fn_bf16"
+                "qs_sketch_snap_rows_e4m3fn_bf16",
+                "qs_sketch_lean_e4m3fn_bf16"
             ]
         );
+        // No lean entry where qs_sketch.cu compiles none (QS_LEAN_FORMATS).
+        let b = KernelBuild::sketch(Format::E5m2, Format::E4m3fn, Format::Bf16).unwrap();
+        assert!(b.entries.iter().all(|e| !e.name.starts_with("qs_sketch_lean")));
         let o = b.nvrtc_options("compute_90");
         assert!(
             o.contains(&"-DQS_D_FMT=2".to_string())

@@ -15,6 +15,7 @@ use super::registry::{KernelRegistry, LoadedProgram};
 use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, MappedHost, Stream};
 use crate::formats::Format;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -204,6 +205,16 @@ pub struct GpuChecker {
     pub ring: Mutex<ResultRing>,
     /// When set, every buffer comes from this reservation (no driver allocation per site).
     pool: Option<Arc<DevicePool>>,
+    /// Sketch checks take `qs_sketch_lean` where the call allows ([`lean_sketch_device`];
+    /// `QUANTSHADOW_SKETCH_LEAN=0` turns it off; benchmarks switch it to compare).
+    lean_sketch: AtomicBool,
+}
+
+/// Whether the device runs the lean sketch check: CUDA sm_90 or newer (thread-block clusters).
+pub fn lean_sketch_device(info: &DeviceInfo) -> bool {
+    let digits: String =
+        info.arch.strip_prefix("sm_").unwrap_or("").chars().take_while(|c| c.is_ascii_digit()).collect();
+    info.vendor == super::Vendor::Nvidia && digits.parse::<u32>().is_ok_and(|cc| cc >= 90)
 }
 
 /// A launch resolved once (function, geometry, parameters) and enqueued many times: the
@@ -281,6 +292,8 @@ pub struct SketchWeight {
     bproj: DeviceBuffer,
     wr: DeviceBuffer,
     wr_batch_stride: u64,
+    /// W_R in fragment order for the lean check (one W_R, K a multiple of 32, lean device).
+    wfrag: Option<DeviceBuffer>,
     /// Samples of B at projection time (see `status::WEIGHT_CHANGED`).
     snapshot: DeviceBuffer,
     /// The prep kernel's scratch, kept until the weight is dropped (it may still be running).
@@ -292,7 +305,29 @@ impl GpuChecker {
         let info = runtime.current_device()?;
         let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
-        Ok(GpuChecker { runtime, info, registry, ring: Mutex::new(ring), pool: None })
+        let lean =
+            lean_sketch_device(&info) && std::env::var("QUANTSHADOW_SKETCH_LEAN").map_or(true, |v| v != "0");
+        Ok(GpuChecker {
+            runtime,
+            info,
+            registry,
+            ring: Mutex::new(ring),
+            pool: None,
+            lean_sketch: AtomicBool::new(lean),
+        })
+    }
+
+    /// Whether sketch checks prepared from now on may take the lean kernel.
+    pub fn lean_sketch(&self) -> bool {
+        self.lean_sketch.load(Ordering::Relaxed)
+    }
+
+    /// Turns the lean sketch check on or off for checks prepared from now on (benchmarks and
+    /// the selftest compare both); on only where the device supports it. Returns the setting.
+    pub fn set_lean_sketch(&self, on: bool) -> bool {
+        let on = on && lean_sketch_device(&self.info);
+        self.lean_sketch.store(on, Ordering::Relaxed);
+        on
     }
 
     /// Puts a new ring of `capacity` slots in place and returns the old one (selftests of the
@@ -685,6 +720,12 @@ impl GpuChecker {
         let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
         let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
         let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
+        // Zeroed: kp = 8 leaves the padding probes of its 16-probe tiles unwritten.
+        let wfrag = if lean_sketch_device(&self.info) && items == 1 && g.k % abi::LEAN_UNIT == 0 {
+            Some(self.alloc_zeroed(abi::wfrag_bytes(g.k, kp) as usize)?)
+        } else {
+            None
+        };
         let wproj = QsWprojParams {
             b: g.b,
             b_scale: g.b_scale,
@@ -697,6 +738,7 @@ impl GpuChecker {
             kp,
             reserved: 0,
             snapshot_ptr: snapshot.ptr,
+            frag_ptr: wfrag.as_ref().map_or(0, |b| b.ptr),
         };
         let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
         self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream)?;
@@ -709,6 +751,7 @@ impl GpuChecker {
             bproj,
             wr,
             wr_batch_stride,
+            wfrag,
             snapshot,
             _prep: (partials, counter, status),
         })
@@ -752,13 +795,33 @@ impl GpuChecker {
     ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
         let b = format_of(g.b.format)?;
         let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
-        let params = self.sketch_params(g, rows, weight, scratch, tag);
+        let mut params = self.sketch_params(g, rows, weight, scratch, tag);
+        if let Some(wfrag) = weight.wfrag.as_ref().filter(|_| self.sketch_takes_lean(g, weight, rows.count)) {
+            params.wfrag_ptr = wfrag.ptr;
+            params.splits = abi::LEAN_SPLITS as u32;
+            params.rows_per_group = abi::LEAN_ROWS as u32;
+            let launch = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
+            return self.prepare(
+                &build,
+                &format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
+                launch,
+                params,
+            );
+        }
         self.prepare(
             &build,
             &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
             scratch.geometry.launch,
             params,
         )
+    }
+
+    /// Whether a sketch check of `rows` rows of the call `g` prepared now takes `qs_sketch_lean`.
+    pub fn sketch_takes_lean(&self, g: &QsGemmDesc, weight: &SketchWeight, rows: u64) -> bool {
+        self.lean_sketch()
+            && weight.wfrag.is_some()
+            && abi::lean_sketch_worthwhile(rows, g.n)
+            && g.sketch_view().lean_sketch_eligible()
     }
 
     fn sketch_params(
@@ -797,6 +860,7 @@ impl GpuChecker {
             gate_every: 0,
             snapshot_ptr: weight.snapshot.ptr,
             packed_ptr: 0,
+            wfrag_ptr: 0,
         }
     }
 
