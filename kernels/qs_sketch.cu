@@ -16,8 +16,9 @@
 // program a third of the size, which matters: the check is bound by instruction-cache misses
 // in its serial finishing stages (ncu on an H100), not by its arithmetic. Entries:
 //   qs_sketch_prep                 sign words, colsum(R), bias projection (once per seed/N/bias)
-//   qs_sketch_wproj_{b}            W_R = op(B)_ref R                        (once per weight)
+//   qs_sketch_wproj_{b}            W_R = op(B)_ref R, and its fragment order (once per weight)
 //   qs_sketch_check_{a}_{d}        the per-call check, results into the ring
+//   qs_sketch_lean_{a}_{d}         the same check for common calls on CUDA sm_90+ (clusters)
 #include "qs_device.h"
 
 #if !defined(QS_A_FMT) || !defined(QS_B_FMT) || !defined(QS_D_FMT)
@@ -1444,18 +1445,21 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
 // batch item, also in fragment order (wfrag_ptr); K and N multiples of 32.
 //
 // Grid (groups of QS_LEAN_ROWS rows, QS_LEAN_SPLITS splits), one cluster per group (its splits),
-// QS_BLOCK threads. Measured on an H100 (docs/measurements, session 14), the general kernel
-// spends most of a 256-row check in instruction latency: per-element fragment assembly (tf32
-// splits, register moves) and three serial merge stages through L2. Here:
+// QS_BLOCK threads; 8 clusters of 8 blocks for 256 rows, one wave at one block per SM (16
+// clusters did not fit at once on an H100). Measured there (docs/measurements/2026-11-26-h100-
+// lean-sketch.md), the general kernel spends most of a 256-row check in instruction latency:
+// per-element fragment assembly (tf32 splits, register moves) and three serial merge stages
+// through L2. Here:
 //  - each warp issues every load of its share of a split at once (W_R fragments as stored, rows
 //    of A and D and the sign words as 16-byte vectors), then runs the mma's: one round trip per
 //    iteration instead of a chain of dependent ones;
 //  - A W_R is bf16 x bf16 on tensor cores (W_R as hi + lo, two passes; e4m3 A converted to bf16
 //    exactly), D R as in the general kernel (signs as +-1 fragments);
-//  - the 8 warps' partials meet in shared memory, the 8 splits' through distributed shared memory
-//    (a cluster barrier, no global counter), and block s of the cluster finishes rows 2s and
-//    2s + 1 of the group with the general kernel's finishing code; the last block of the grid
-//    publishes the slot (qs_sketch_finish_check).
+//  - the 8 warps' partials meet in a register tree through shared memory, the 8 splits' through
+//    distributed shared memory (a cluster barrier, no global counter), and block s of the
+//    cluster finishes rows 4s .. 4s + 3 of the group with the general kernel's finishing code;
+//    the last block of the grid publishes the slot (qs_sketch_finish_check) under the ring
+//    ticket block (0, 0) claimed while its first loads were in flight.
 // Per-row values are summed in warp and split order: deterministic for a given grid.
 // ================================================================================================
 #define QS_LEAN_ROWS 32

@@ -933,7 +933,7 @@ impl QsGemmDesc {
             return false;
         };
         let aligned = |ptr: u64, strides: &[u64], bytes: u64| {
-            ptr % 16 == 0 && strides.iter().all(|s| (s * bytes) % 16 == 0)
+            ptr.is_multiple_of(16) && strides.iter().all(|s| (s * bytes).is_multiple_of(16))
         };
         let (a_rs, a_cs) = self.a.op_strides();
         let (ab, db) = (a.bits() as u64 / 8, d.bits() as u64 / 8);
@@ -944,8 +944,8 @@ impl QsGemmDesc {
             && self.d.order == ORDER_ROW
             && aligned(self.a.ptr, &[a_rs, self.a.batch_stride], ab)
             && aligned(self.d.ptr, &[self.d.ld, self.d.batch_stride], db)
-            && self.k % LEAN_UNIT == 0
-            && self.n % LEAN_UNIT == 0
+            && self.k.is_multiple_of(LEAN_UNIT)
+            && self.n.is_multiple_of(LEAN_UNIT)
             && self.m > 0
     }
 

@@ -721,7 +721,7 @@ impl GpuChecker {
         let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
         let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
         // Zeroed: kp = 8 leaves the padding probes of its 16-probe tiles unwritten.
-        let wfrag = if lean_sketch_device(&self.info) && items == 1 && g.k % abi::LEAN_UNIT == 0 {
+        let wfrag = if lean_sketch_device(&self.info) && items == 1 && g.k.is_multiple_of(abi::LEAN_UNIT) {
             Some(self.alloc_zeroed(abi::wfrag_bytes(g.k, kp) as usize)?)
         } else {
             None
