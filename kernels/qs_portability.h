@@ -257,6 +257,14 @@ QS_DEVICE float qs_cluster_load_f32(const float* local, qs_u32 rank) {
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
     return v;
 }
+// Stores v at the shared-memory address of `local`, in block `rank` of the cluster (visible to
+// that block after the next cluster barrier).
+QS_DEVICE void qs_cluster_store_f32(float* local, qs_u32 rank, float v) {
+    const qs_u32 a = (qs_u32)__cvta_generic_to_shared(local);
+    qs_u32 ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+}
 // Two OCP e4m3 codes (low byte first) as bf16x2, exactly (through f16: every e4m3 value, NaN
 // included, is an f16 and a bf16 value).
 QS_DEVICE qs_u32 qs_bf16x2_from_e4m3x2(qs_u32 two) {

@@ -1151,8 +1151,18 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
     // and the totals' (at the start of a block it held that block, and with it a group, back).
     __shared__ qs_u64 ticket;
     __shared__ int claimed, weight_changed;
+    __shared__ qs_u32 status_word;
     if (threadIdx.x == 0) weight_changed = 0;
     __syncthreads();
+    // The status word (and a snapshot's) and the row epoch on their own threads, so that their
+    // round trips overlap the totals' instead of following them on thread 0. Every block
+    // flagged and read its epoch before its last-block count.
+    if (threadIdx.x == QS_WARP_SIZE) {
+        qs_u32 st = qs_take_status(P.status_ptr);
+        if (P.packed_ptr) st |= qs_snap_status((const QsSnapHeader*)P.packed_ptr);
+        status_word = st;
+    }
+    if (threadIdx.x == QS_WARP_SIZE * 3) qs_rows_advance(P.rows);
     if (threadIdx.x == QS_WARP_SIZE * 2 && !claimed_early) {
         qs_u64 t = 0;
         claimed = qs_ring_claim(P.ring, &t);
@@ -1201,14 +1211,12 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
         slot->epoch = epoch;
         slot->probes = k;
         slot->rows_checked = valid ? P.rows.count : 0;
-        qs_u32 status = qs_take_status(P.status_ptr);
-        if (P.packed_ptr) status |= qs_snap_status((const QsSnapHeader*)P.packed_ptr);
+        qs_u32 status = status_word;
         if (!valid) status |= QS_STATUS_BAD_DESCRIPTOR;
         if (weight_changed) status |= QS_STATUS_WEIGHT_CHANGED;
         if (P.g.activation != QS_ACT_NONE) status |= QS_STATUS_NONLINEAR;
         if (tot.counts[4] + tot.counts[5] > 0) status |= QS_STATUS_REF_NONFINITE;
         slot->status = status;
-        qs_rows_advance(P.rows);
     }
     if (threadIdx.x < QS_MAX_PROBES) {
         slot->sketch_prod[threadIdx.x] = threadIdx.x < k ? tot.y_sum[threadIdx.x] : 0.0;
@@ -1491,8 +1499,9 @@ struct QsLeanSmem {
         float tree[QS_WARPS_PER_BLOCK / 2][QS_LEAN_ACC_MAX][QS_WARP_SIZE];
         QsSketchSmem fin;  // the finishing stages, once the tree is done
     } u;
-    // This block's projections of the group's rows over its split; read by the whole cluster.
-    float part[2][QS_LEAN_ROWS][QS_MAX_PROBES];
+    // The projections of this block's FIN rows from every split of the cluster [split][A W_R |
+    // D R][row][probe], stored there by the splits' blocks (distributed shared memory).
+    float recv[QS_LEAN_SPLITS][2][QS_LEAN_ROWS / QS_LEAN_SPLITS][QS_MAX_PROBES];
     QsLeanRow rows[QS_LEAN_ROWS];
     double scalar[5];                          // read before the projections (finish prologue)
     double rowbias[QS_LEAN_ROWS / QS_LEAN_SPLITS];
@@ -1544,7 +1553,12 @@ template <int KP>
 QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm) {
     constexpr int MT = QS_WFRAG_TILES(KP);  // 16-probe tiles
     constexpr int NT = QS_LEAN_ROWS / 8;    // 8-row tiles
-    constexpr int UA = 2, UD = 2;           // 32-element units per warp and iteration (A, D)
+    // W_R passes: bf16 hi + lo (|error| <= 2^-17 |w|) for 16-bit A, the wide class with an NMSE
+    // bound of 2e-5; hi only for e4m3 A (abi.rs lean_sketch_hi_only): |error| <= 2^-9 |w|, an
+    // unbiased reference noise of ~1.3e-6 NMSE against the fp8 class bound of 2e-3, for half
+    // the W_R bytes and A-side mma's (and registers for 3 units per iteration instead of 2).
+    constexpr int PASSES = QS_A_FMT == QS_FMT_E4M3FN ? 1 : 2;
+    constexpr int UA = PASSES == 1 ? 3 : 2, UD = UA;  // 32-element units per warp and iteration
     constexpr int AB = QsFmt<QS_A_FMT>::BITS / 8;
     constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;  // rows each block of the cluster finishes
     constexpr int ACC = 2 * MT * NT * 4;
@@ -1563,7 +1577,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     const qs_u32* signs = (const qs_u32*)P.signs_ptr;
     // W_R fragments and sign words of a warp's iteration: they do not depend on the sampled
     // rows, so the first iteration's are in flight while the rows are drawn.
-    uint4 w[UA][2][MT][2];
+    uint4 w[UA][2][MT][PASSES];
     uint4 sv[UD][2];
     auto load_w = [&](unsigned ia) {
 #pragma unroll
@@ -1575,7 +1589,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                        for (int pass = 0; pass < 2; ++pass)
+                        for (int pass = 0; pass < PASSES; ++pass)
                             w[u][s][mt][pass] = wf[(((gu * 2 + s) * MT + mt) * 2 + pass) * 32 + lane];
             }
         }
@@ -1619,6 +1633,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         sm.rows[threadIdx.x] = r;
     }
     __syncthreads();
+    // Distributed shared memory may be written only once every block of the cluster runs: this
+    // arrival, waited for before the first remote store, guarantees it at no cost by then.
+    qs_cluster_arrive();
     // The finishing stage's scalars and row biases now, so that their reads overlap the loads.
     {
         const QsLeanRow r = sm.rows[FIN * si + (warp % FIN)];
@@ -1681,7 +1698,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
             qs_sketch_claim_early(P, lane);
             claim = false;
         }
-        // A W_R: two passes (hi, lo) per step.
+        // A W_R: PASSES passes (hi, lo) per step.
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
             if (ia + u >= units_a) break;
@@ -1693,7 +1710,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int pass = 0; pass < 2; ++pass) {
+                    for (int pass = 0; pass < PASSES; ++pass) {
                         const uint4 a = w[u][s][mt][pass];
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt)
@@ -1752,6 +1769,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     }
     if (claim) qs_sketch_claim_early(P, lane);  // a warp without loads
     QS_TM_A_DONE();
+    QS_TM_MARK(tm_loop);
     nan_d = qs_warp_sumu((qs_u32)nan_d);
     inf_d = qs_warp_sumu((qs_u32)inf_d);
     QsSketchTotals* totals = (QsSketchTotals*)P.totals_ptr;
@@ -1761,79 +1779,81 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     }
 
     // ---- the block's sums: a tree over the warps ((w + w4) + (w2 + w6)) + ... ------------------
+    // One barrier per level: a warp writes only a slot that no other warp reads at an earlier
+    // level (level 4: writer w into slot w - 4; levels 2, 1: writer w into slot w, which only
+    // warp w itself read before).
     float* a = &acc.v[0][0][0][0];
 #pragma unroll
     for (int half = QS_WARPS_PER_BLOCK / 2; half >= 1; half /= 2) {
         if (warp >= (unsigned)half && warp < 2u * half) {
+            const unsigned slot = half == QS_WARPS_PER_BLOCK / 2 ? warp - half : warp;
 #pragma unroll
-            for (int x = 0; x < ACC; ++x) sm.u.tree[warp - half][x][lane] = a[x];
+            for (int x = 0; x < ACC; ++x) sm.u.tree[slot][x][lane] = a[x];
         }
         __syncthreads();
         if (warp < (unsigned)half) {
+            const unsigned slot = half == QS_WARPS_PER_BLOCK / 2 ? warp : warp + half;
 #pragma unroll
-            for (int x = 0; x < ACC; ++x) a[x] += sm.u.tree[warp][x][lane];
+            for (int x = 0; x < ACC; ++x) a[x] += sm.u.tree[slot][x][lane];
         }
-        __syncthreads();
     }
-    // Warp 0 holds the block's projections. C fragment: (probe 16 mt + g [+ 8], row 8 nt + 2t [+ 1]).
+    // Warp 0 holds the block's projections (C fragment: probe 16 mt + g [+ 8], row 8 nt + 2t
+    // [+ 1]) and stores each row's into the block of the cluster that finishes that row.
+    qs_cluster_wait();
     if (warp == 0) {
 #pragma unroll
         for (int x = 0; x < 2; ++x)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const unsigned p = 16u * mt + gq, r = 8u * nt + 2u * tq;
-                    sm.part[x][r][p] = acc.v[x][mt][nt][0];
-                    sm.part[x][r + 1][p] = acc.v[x][mt][nt][1];
-                    if constexpr (KP > 8) {
-                        sm.part[x][r][p + 8] = acc.v[x][mt][nt][2];
-                        sm.part[x][r + 1][p + 8] = acc.v[x][mt][nt][3];
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        if (KP == 8 && c >= 2) continue;
+                        const unsigned p = 16u * mt + gq + 8u * (c >> 1), r = 8u * nt + 2u * tq + (c & 1u);
+                        qs_cluster_store_f32(&sm.recv[si][x][r % FIN][p], r / FIN, acc.v[x][mt][nt][c]);
                     }
-                }
     }
     QS_TM_PROJ_DONE();
+    QS_TM_MARK(tm_tree);
     // ---- the group's splits, through the cluster's shared memory --------------------------------
     qs_cluster_sync();
     QS_TM_MARK(tm_sync1);
-    // Block s of the cluster finishes rows FIN s + w (warp w < FIN) of the group.
+    // Block s of the cluster finishes rows FIN s + w (warp w < FIN) of the group, its splits'
+    // sums now in its own shared memory, added in split order. Nothing reads another block's
+    // shared memory after the barrier, so no block waits for the others to leave.
     const unsigned lr = FIN * si + (warp % FIN);
     const QsLeanRow rr = sm.rows[lr];
     const bool active = warp < (unsigned)FIN && rr.active != 0;
     const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + lr;
     double xa = 0.0, ya = 0.0;
     if (warp < (unsigned)FIN && lane < P.k) {
-        float va[QS_LEAN_SPLITS], vy[QS_LEAN_SPLITS];
 #pragma unroll
         for (int s = 0; s < QS_LEAN_SPLITS; ++s) {
-            va[s] = qs_cluster_load_f32(&sm.part[0][lr][lane], s);
-            vy[s] = qs_cluster_load_f32(&sm.part[1][lr][lane], s);
-        }
-#pragma unroll
-        for (int s = 0; s < QS_LEAN_SPLITS; ++s) {
-            xa += (double)va[s];
-            ya += (double)vy[s];
+            xa += (double)sm.recv[s][0][warp][lane];
+            ya += (double)sm.recv[s][1][warp][lane];
         }
     }
     if (threadIdx.x < 5) sm.u.fin.scalar[threadIdx.x] = sm.scalar[threadIdx.x];
     if (lane == 0 && warp < (unsigned)FIN) sm.u.fin.rowbias[warp] = sm.rowbias[warp];
-    // This block is done reading the cluster's `part`; no block leaves before every block is
-    // (the wait before returning), but nothing waits for that here.
-    qs_cluster_arrive();
     __syncthreads();  // fin.scalar / rowbias above
     QS_TM_MARK(tm_sync2);
     qs_sketch_finish_rows<KP>(P, sm.u.fin, t, rr.row, active, lane, warp, xa, ya, 0.0);
     QS_TM_MARK(tm_group);
-    const bool last = qs_last_block((qs_u32*)P.counters_ptr, gridDim.x * gridDim.y);
-    qs_cluster_wait();
-    if (!last) return;
+    if (!qs_last_block((qs_u32*)P.counters_ptr, gridDim.x * gridDim.y)) return;
     QS_TM_MARK(tm_final);
     qs_sketch_finish_check(P, sm.u.fin, valid, epoch, true);
     QS_TM_MARK(tm_claim);
 #if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
+    // The last block's own timeline (us from the first block's start, like QS_TIMING).
     if (threadIdx.x == 0)
-        printf("QS_LEAN_STAGES sync1 %llu sync2 %llu\n", tm_sync1 - qs_tm_start, tm_sync2 - qs_tm_start);
+        printf("QS_LEAN_STAGES af %d n %llu k %llu loop %llu tree %llu sync1 %llu arrive %llu rows %llu count %llu "
+               "publish %llu\n",
+               QS_A_FMT, P.g.n, P.g.k, tm_loop - qs_tm_start, tm_tree - qs_tm_start, tm_sync1 - qs_tm_start,
+               tm_sync2 - qs_tm_start, tm_group - qs_tm_start, tm_final - qs_tm_start, tm_claim - qs_tm_start);
 #endif
+    (void)tm_loop;
+    (void)tm_tree;
     (void)tm_sync1;
     (void)tm_sync2;
     QS_TM_REPORT(tm_group, tm_final, tm_claim, 2);

@@ -1427,7 +1427,14 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
             d_scale: 1.0,
         };
         let cfg = SketchConfig { seed, probes: s.probes, rows_per_call: s.rows_per_call };
-        let host = sketch::sketch_check(&dense, &prod, &cfg, 0).map_err(|e| e.to_string())?.metrics();
+        // The lean kernel holds W_R as bf16 hi only for FP8 A: the mirror rounds it the same way.
+        let rounding = if lean && abi::lean_sketch_hi_only(problem.a.format) {
+            sketch::WeightRounding::Bf16Hi
+        } else {
+            sketch::WeightRounding::Exact
+        };
+        let host =
+            sketch::sketch_check_rounded(&dense, &prod, &cfg, 0, rounding).map_err(|e| e.to_string())?.metrics();
         let device = sketch::slot_metrics(&slots[0]);
         let mut outs = vec![outcome(
             "sketch device=host",

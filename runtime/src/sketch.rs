@@ -316,6 +316,26 @@ impl SketchOutcome {
     }
 }
 
+/// How the projection W_R = op(B) R is held when it meets the rows of A.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightRounding {
+    /// Exactly (f64 here; f32, or bf16 hi + lo within 2^-17, on the device).
+    Exact,
+    /// Each element rounded to f32, then to bf16 (round to nearest even): the lean device
+    /// check of FP8-A calls (`device::abi::lean_sketch_hi_only`), mirrored for the selftest.
+    Bf16Hi,
+}
+
+/// `w` as f32, then bf16, round to nearest even (qs_sketch.cu `qs_bf16_rn`).
+pub fn round_bf16_hi(w: f64) -> f64 {
+    let b = (w as f32).to_bits();
+    if (b & 0x7FFF_FFFF) > 0x7F80_0000 {
+        return f64::NAN;
+    }
+    let r = (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) & 0xFFFF_0000;
+    f32::from_bits(r) as f64
+}
+
 /// The host sketch check of one call: the same estimator, row sample, worst-row rule and
 /// fingerprints as `qs_sketch_check`, from dense decoded matrices. `prod` is the decoded
 /// production D, [batch][m][n], in D's units (y is divided by d_scale like on the device).
@@ -324,6 +344,17 @@ pub fn sketch_check(
     prod: &[f64],
     cfg: &SketchConfig,
     epoch: u64,
+) -> Result<SketchOutcome, SketchError> {
+    sketch_check_rounded(g, prod, cfg, epoch, WeightRounding::Exact)
+}
+
+/// [`sketch_check`] with W_R held as `rounding` says (the selftest's mirror of a device check).
+pub fn sketch_check_rounded(
+    g: &DenseGemm,
+    prod: &[f64],
+    cfg: &SketchConfig,
+    epoch: u64,
+    rounding: WeightRounding,
 ) -> Result<SketchOutcome, SketchError> {
     if cfg.probes == 0 || cfg.probes as usize > MAX_PROBES {
         return Err(SketchError::Probes(cfg.probes));
@@ -340,7 +371,13 @@ pub fn sketch_check(
         }
     };
     let wr: Vec<Vec<f64>> = (0..g.b_items())
-        .map(|item| weight_projection(&g.b[item * g.k * g.n..][..g.k * g.n], g.k, g.n, cfg.seed, cfg.probes))
+        .map(|item| {
+            let mut w = weight_projection(&g.b[item * g.k * g.n..][..g.k * g.n], g.k, g.n, cfg.seed, cfg.probes);
+            if rounding == WeightRounding::Bf16Hi {
+                w.iter_mut().for_each(|v| *v = round_bf16_hi(*v));
+            }
+            w
+        })
         .collect();
     let rsum: Vec<f64> =
         (0..k).map(|q| words.iter().map(|w| if (w >> q) & 1 == 1 { -1.0 } else { 1.0 }).sum()).collect();
@@ -488,6 +525,21 @@ pub fn slot_fingerprint(s: &QsResultSlot) -> (Vec<f32>, Vec<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_hi_rounds_to_nearest_even_from_f32() {
+        assert_eq!(round_bf16_hi(1.0), 1.0);
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even mantissa (1.0) wins.
+        assert_eq!(round_bf16_hi(1.0 + 2f64.powi(-8)), 1.0);
+        assert_eq!(round_bf16_hi(1.0 + 3.0 * 2f64.powi(-8)), 1.0 + 2.0 * 2f64.powi(-7));
+        assert_eq!(round_bf16_hi(-1.0 - 2f64.powi(-6)), -1.0 - 2f64.powi(-6));
+        assert!(round_bf16_hi(f64::NAN).is_nan());
+        assert_eq!(round_bf16_hi(f64::INFINITY), f64::INFINITY);
+        for w in [0.3, -17.125, 1e-30, 6.1e4] {
+            let r = round_bf16_hi(w);
+            assert!((r - w).abs() <= w.abs() * 2f64.powi(-8), "{w} -> {r}");
+        }
+    }
     use crate::rng::mix64;
 
     #[test]

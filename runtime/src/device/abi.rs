@@ -1179,6 +1179,13 @@ pub fn lean_sketch_formats(a: Format, d: Format) -> bool {
     matches!(a, Format::Bf16 | Format::E4m3fn) && matches!(d, Format::Bf16 | Format::F16)
 }
 
+/// Whether the lean check projects A with W_R's bf16 hi part only (qs_sketch.cu PASSES): for
+/// e4m3fn A, whose fp8 class bound (NMSE 2e-3) is ~1500x the resulting reference noise; 16-bit
+/// A keeps hi + lo. The selftest mirrors it (`sketch::WeightRounding::Bf16Hi`).
+pub fn lean_sketch_hi_only(a: Format) -> bool {
+    a == Format::E4m3fn
+}
+
 /// Bytes of W_R in fragment order (qs_sketch.cu qs_wfrag_index): bf16 hi and lo of every
 /// element, probes padded to whole 16-probe tiles.
 pub fn wfrag_bytes(k_dim: u64, kp: u32) -> u64 {
