@@ -242,6 +242,8 @@ QS_DEVICE void qs_cluster_sync() {
 }
 // The two halves of qs_cluster_sync, for work in between that no other block waits for.
 QS_DEVICE void qs_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+// An arrival that orders no memory: it does not wait for this thread's loads in flight.
+QS_DEVICE void qs_cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 QS_DEVICE void qs_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 QS_DEVICE qs_u32 qs_cluster_rank() {
     qs_u32 r;

@@ -1604,9 +1604,10 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
             }
         }
     };
+    // The epoch first: its round trip then does not queue behind the W_R burst.
+    const qs_u64 epoch = P.packed_ptr ? ((const QsSnapHeader*)P.packed_ptr)->epoch : qs_rows_epoch(P.rows);
     load_w(warp * UA);
     load_signs(warp * UD);
-    const qs_u64 epoch = P.packed_ptr ? ((const QsSnapHeader*)P.packed_ptr)->epoch : qs_rows_epoch(P.rows);
 
     if (threadIdx.x < QS_LEAN_ROWS) {
         const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + threadIdx.x;
@@ -1615,7 +1616,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         r.active = r.reserved = 0;
         qs_u64 row = 0;
         if (valid && t < P.rows.count && qs_rows_at(P.rows, epoch, t, &row, st)) {
-            const qs_u64 item = row / g.m, i = row % g.m;
+            // One batch item (the usual case): no 64-bit division subroutines on the way to the
+            // first row loads.
+            const qs_u64 item = g.batch > 1 ? row / g.m : 0, i = g.batch > 1 ? row % g.m : row;
             const qs_u64 af = item * g.a.batch_stride + i * qs_op_strides(g.a).rs;
             const qs_u64 df = qs_out_offset(g.d, item, i, 0);
             const qs_u64 a = g.a.ptr + af * AB, d = g.d.ptr + df * 2;
@@ -1633,14 +1636,12 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         sm.rows[threadIdx.x] = r;
     }
     __syncthreads();
+    QS_TM_MARK(tm_rows);
     // Distributed shared memory may be written only once every block of the cluster runs: this
     // arrival, waited for before the first remote store, guarantees it at no cost by then.
-    qs_cluster_arrive();
-    // The finishing stage's scalars and row biases now, so that their reads overlap the loads.
-    {
-        const QsLeanRow r = sm.rows[FIN * si + (warp % FIN)];
-        if (warp < FIN) qs_sketch_finish_prologue(P, sm.scalar, sm.rowbias, r.row, r.active != 0, lane, warp);
-    }
+    // Relaxed: a release arrival would wait for the W_R loads in flight (~1.7 us on an H100).
+    qs_cluster_arrive_relaxed();
+    bool prologue = warp < (unsigned)FIN;  // the finishing stage's scalars and row biases
 
     // ---- projections: this lane's row of tile nt is 8 nt + gq --------------------------------
     qs_u64 arow[NT], drow[NT];
@@ -1662,8 +1663,15 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     qs_u64 nan_d = 0, inf_d = 0;
     qs_u32 nonfinite = 0;
     bool claim = gi == 0 && si == 0 && warp == QS_WARPS_PER_BLOCK - 1;
+#if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
+    qs_u64 tm_it[4] = {0, 0, 0, 0};  // experiment builds: when warp 0's iterations start
+    unsigned n_it = 0;
+#endif
     for (unsigned ia = warp * UA, id = warp * UD; ia < units_a || id < units_d;
          ia += QS_WARPS_PER_BLOCK * UA, id += QS_WARPS_PER_BLOCK * UD) {
+#if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
+        if (n_it < 4) tm_it[n_it++] = qs_tm_now();
+#endif
         // Every load of the iteration first (the first iteration's W_R and signs are in flight).
         if (ia != warp * UA || id != warp * UD) {
             load_w(ia);
@@ -1697,6 +1705,12 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         if (claim) {
             qs_sketch_claim_early(P, lane);
             claim = false;
+        }
+        if (prologue) {
+            // Behind the first loads, not in front of them: out-of-line scalar decodes.
+            const QsLeanRow r = sm.rows[FIN * si + warp];
+            qs_sketch_finish_prologue(P, sm.scalar, sm.rowbias, r.row, r.active != 0, lane, warp);
+            prologue = false;
         }
         // A W_R: PASSES passes (hi, lo) per step.
 #pragma unroll
@@ -1768,6 +1782,10 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         }
     }
     if (claim) qs_sketch_claim_early(P, lane);  // a warp without loads
+    if (prologue) {
+        const QsLeanRow r = sm.rows[FIN * si + warp];
+        qs_sketch_finish_prologue(P, sm.scalar, sm.rowbias, r.row, r.active != 0, lane, warp);
+    }
     QS_TM_A_DONE();
     QS_TM_MARK(tm_loop);
     nan_d = qs_warp_sumu((qs_u32)nan_d);
@@ -1778,41 +1796,39 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         if (inf_d) qs_red_add_u64(&totals->elem_nonfinite[1], inf_d);
     }
 
-    // ---- the block's sums: a tree over the warps ((w + w4) + (w2 + w6)) + ... ------------------
-    // One barrier per level: a warp writes only a slot that no other warp reads at an earlier
-    // level (level 4: writer w into slot w - 4; levels 2, 1: writer w into slot w, which only
-    // warp w itself read before).
+    // ---- the block's sums over its warps: ((w0 + w4) + (w1 + w5)) + ((w2 + w6) + (w3 + w7)) -----
+    // Warps 4..7 hand their accumulators to warps 0..3, which add and hand on the four sums;
+    // then every thread adds the four for a share of the values and stores each into the block
+    // of the cluster that finishes its row. Lane-major slots: each lane reads back what its
+    // partner lane wrote, conflict-free.
     float* a = &acc.v[0][0][0][0];
+    if (warp >= QS_WARPS_PER_BLOCK / 2) {
 #pragma unroll
-    for (int half = QS_WARPS_PER_BLOCK / 2; half >= 1; half /= 2) {
-        if (warp >= (unsigned)half && warp < 2u * half) {
-            const unsigned slot = half == QS_WARPS_PER_BLOCK / 2 ? warp - half : warp;
-#pragma unroll
-            for (int x = 0; x < ACC; ++x) sm.u.tree[slot][x][lane] = a[x];
-        }
-        __syncthreads();
-        if (warp < (unsigned)half) {
-            const unsigned slot = half == QS_WARPS_PER_BLOCK / 2 ? warp : warp + half;
-#pragma unroll
-            for (int x = 0; x < ACC; ++x) a[x] += sm.u.tree[slot][x][lane];
-        }
+        for (int x = 0; x < ACC; ++x) sm.u.tree[warp - QS_WARPS_PER_BLOCK / 2][x][lane] = a[x];
     }
-    // Warp 0 holds the block's projections (C fragment: probe 16 mt + g [+ 8], row 8 nt + 2t
-    // [+ 1]) and stores each row's into the block of the cluster that finishes that row.
-    qs_cluster_wait();
-    if (warp == 0) {
+    __syncthreads();
+    if (warp < QS_WARPS_PER_BLOCK / 2) {
 #pragma unroll
-        for (int x = 0; x < 2; ++x)
+        for (int x = 0; x < ACC; ++x) a[x] += sm.u.tree[warp][x][lane];
+    }
+    __syncthreads();
+    if (warp < QS_WARPS_PER_BLOCK / 2) {
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+        for (int x = 0; x < ACC; ++x) sm.u.tree[warp][x][lane] = a[x];
+    }
+    __syncthreads();
+    qs_cluster_wait();  // every block of the cluster runs (the relaxed arrival above)
+    static_assert(ACC * QS_WARP_SIZE % QS_BLOCK == 0, "tree values per thread");
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        if (KP == 8 && c >= 2) continue;
-                        const unsigned p = 16u * mt + gq + 8u * (c >> 1), r = 8u * nt + 2u * tq + (c & 1u);
-                        qs_cluster_store_f32(&sm.recv[si][x][r % FIN][p], r / FIN, acc.v[x][mt][nt][c]);
-                    }
+    for (int j = 0; j < ACC * QS_WARP_SIZE / QS_BLOCK; ++j) {
+        const unsigned v = threadIdx.x + (unsigned)j * QS_BLOCK, x = v / QS_WARP_SIZE, l = v % QS_WARP_SIZE;
+        // Fragment x = [A W_R | D R][mt][nt][c] of lane l = 4 g + t: probe 16 mt + g (+ 8 for
+        // c >= 2), row 8 nt + 2 t (+ 1 for odd c).
+        const unsigned c = x % 4, nt = (x / 4) % NT, mt = (x / (4 * NT)) % MT, which = x / (4 * NT * MT);
+        if (KP == 8 && c >= 2) continue;  // the padding probes of kp = 8
+        const float sum = (sm.u.tree[0][x][l] + sm.u.tree[1][x][l]) + (sm.u.tree[2][x][l] + sm.u.tree[3][x][l]);
+        const unsigned p = 16u * mt + (l >> 2) + 8u * (c >> 1), r = 8u * nt + 2u * (l & 3u) + (c & 1u);
+        qs_cluster_store_f32(&sm.recv[si][which][r % FIN][p], r / FIN, sum);
     }
     QS_TM_PROJ_DONE();
     QS_TM_MARK(tm_tree);
@@ -1847,11 +1863,16 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
 #if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
     // The last block's own timeline (us from the first block's start, like QS_TIMING).
     if (threadIdx.x == 0)
-        printf("QS_LEAN_STAGES af %d n %llu k %llu loop %llu tree %llu sync1 %llu arrive %llu rows %llu count %llu "
-               "publish %llu\n",
-               QS_A_FMT, P.g.n, P.g.k, tm_loop - qs_tm_start, tm_tree - qs_tm_start, tm_sync1 - qs_tm_start,
+        printf("QS_LEAN_ITERS af %d n %llu k %llu it0 %llu it1 %llu it2 %llu it3 %llu\n", QS_A_FMT, P.g.n, P.g.k,
+               tm_it[0] - qs_tm_start, tm_it[1] ? tm_it[1] - qs_tm_start : 0, tm_it[2] ? tm_it[2] - qs_tm_start : 0,
+               tm_it[3] ? tm_it[3] - qs_tm_start : 0);
+    if (threadIdx.x == 0)
+        printf("QS_LEAN_STAGES af %d n %llu k %llu drawn %llu loop %llu tree %llu sync1 %llu arrive %llu rows %llu "
+               "count %llu publish %llu\n",
+               QS_A_FMT, P.g.n, P.g.k, tm_rows - qs_tm_start, tm_loop - qs_tm_start, tm_tree - qs_tm_start, tm_sync1 - qs_tm_start,
                tm_sync2 - qs_tm_start, tm_group - qs_tm_start, tm_final - qs_tm_start, tm_claim - qs_tm_start);
 #endif
+    (void)tm_rows;
     (void)tm_loop;
     (void)tm_tree;
     (void)tm_sync1;

@@ -1433,8 +1433,9 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
         } else {
             sketch::WeightRounding::Exact
         };
-        let host =
-            sketch::sketch_check_rounded(&dense, &prod, &cfg, 0, rounding).map_err(|e| e.to_string())?.metrics();
+        let host = sketch::sketch_check_rounded(&dense, &prod, &cfg, 0, rounding)
+            .map_err(|e| e.to_string())?
+            .metrics();
         let device = sketch::slot_metrics(&slots[0]);
         let mut outs = vec![outcome(
             "sketch device=host",

@@ -372,7 +372,8 @@ pub fn sketch_check_rounded(
     };
     let wr: Vec<Vec<f64>> = (0..g.b_items())
         .map(|item| {
-            let mut w = weight_projection(&g.b[item * g.k * g.n..][..g.k * g.n], g.k, g.n, cfg.seed, cfg.probes);
+            let mut w =
+                weight_projection(&g.b[item * g.k * g.n..][..g.k * g.n], g.k, g.n, cfg.seed, cfg.probes);
             if rounding == WeightRounding::Bf16Hi {
                 w.iter_mut().for_each(|v| *v = round_bf16_hi(*v));
             }
