@@ -1544,9 +1544,12 @@ QS_DEVICE void qs_sketch_claim_early(const QsSketchParams& P, unsigned lane) {
         const bool claimed = qs_ring_claim(P.ring, &t);
         ((QsSketchTotals*)P.totals_ptr)->ticket = claimed ? t + 1 : 0;
     }
-    if (P.snapshot_ptr && P.g.b.ptr && lane < QS_WEIGHT_SAMPLES &&
-        qs_weight_sample(P.g.b, lane) != ((const qs_u32*)P.snapshot_ptr)[lane])
-        qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
+    if (P.snapshot_ptr && P.g.b.ptr) {
+        bool changed = false;
+        for (unsigned i = lane; i < QS_WEIGHT_SAMPLES; i += QS_WARP_SIZE)
+            changed = changed || qs_weight_sample(P.g.b, i) != ((const qs_u32*)P.snapshot_ptr)[i];
+        if (changed) qs_flag(P.status_ptr, QS_STATUS_WEIGHT_CHANGED);
+    }
 }
 
 template <int KP>
@@ -1567,7 +1570,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     const unsigned gq = lane >> 2, tq = lane & 3u;
     const QsGemmDesc& g = P.g;
     const qs_u64 st = P.status_ptr;
-    const unsigned gi = blockIdx.x, si = blockIdx.y;
+    // The split is the block's rank in its cluster (0..7 whatever the grid: a malformed grid is
+    // refused by `valid`, and shared memory is never indexed past the cluster).
+    const unsigned gi = blockIdx.x, si = qs_cluster_rank();
     qs_u64 k0, k1, n0, n1;
     qs_slice(g.k, si, QS_LEAN_SPLITS, &k0, &k1);
     qs_slice(g.n, si, QS_LEAN_SPLITS, &n0, &n1);

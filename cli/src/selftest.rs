@@ -1379,10 +1379,10 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
         bufs.d = d_buf.ptr;
         let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| e.to_string())?;
         let seed = 0xabcdef;
+        checker.set_lean_sketch(lean);
         let weight = checker
             .sketch_weight(&g, problem.a.format, problem.d.format, seed, s.probes)
             .map_err(|e| e.to_string())?;
-        checker.set_lean_sketch(lean);
         let sample = sketch::RowSample::new(seed, s.m, s.rows_per_call);
         if lean && !checker.sketch_takes_lean(&g, &weight, sample.count) {
             return Ok(vec![]);

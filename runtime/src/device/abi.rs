@@ -933,7 +933,8 @@ impl QsGemmDesc {
             return false;
         };
         let aligned = |ptr: u64, strides: &[u64], bytes: u64| {
-            ptr.is_multiple_of(16) && strides.iter().all(|s| (s * bytes).is_multiple_of(16))
+            ptr.is_multiple_of(16)
+                && strides.iter().all(|s| s.checked_mul(bytes).is_some_and(|b| b.is_multiple_of(16)))
         };
         let (a_rs, a_cs) = self.a.op_strides();
         let (ab, db) = (a.bits() as u64 / 8, d.bits() as u64 / 8);

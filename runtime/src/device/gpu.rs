@@ -720,8 +720,9 @@ impl GpuChecker {
         let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
         let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
         let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
-        // Zeroed: kp = 8 leaves the padding probes of its 16-probe tiles unwritten.
-        let wfrag = if lean_sketch_device(&self.info) && items == 1 && g.k.is_multiple_of(abi::LEAN_UNIT) {
+        // Only while the lean check is on (a weight made with it off never takes it). Zeroed:
+        // kp = 8 leaves the padding probes of its 16-probe tiles unwritten.
+        let wfrag = if self.lean_sketch() && items == 1 && g.k.is_multiple_of(abi::LEAN_UNIT) {
             Some(self.alloc_zeroed(abi::wfrag_bytes(g.k, kp) as usize)?)
         } else {
             None
