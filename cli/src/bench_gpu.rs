@@ -201,17 +201,18 @@ pub fn run(
                     // Resolved once, as the shim's per-call path does: each call is one launch.
                     let rows = QsRowSel::sample(&sample, epoch.ptr, 0, true);
                     let prepared = checker
-                        .prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0))
+                        .prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0), false)
                         .map_err(|e| e.to_string())?;
                     let ms =
                         time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
                             .map_err(|e| e.to_string())?;
                     while checker.ring.lock().unwrap().poll().is_some() {}
                     // The general kernel on the same call, side by side, where the lean one ran.
-                    let lean = checker.sketch_takes_lean(&g, &weight, rows.count);
+                    let lean = checker.sketch_takes_lean(&g, &weight, rows.count, false);
                     let general = if lean {
                         checker.set_lean_sketch(false);
-                        let general = checker.prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0));
+                        let general =
+                            checker.prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0), false);
                         checker.set_lean_sketch(true);
                         let general = general.map_err(|e| e.to_string())?;
                         let ms = time_ms(rt.as_ref(), 50, 5, || {
@@ -244,6 +245,7 @@ pub fn run(
                                         &weight,
                                         &det_scratch,
                                         (1, 0),
+                                        false,
                                     )
                                     .map_err(|e| e.to_string())?;
                                 let copy_ms = time_ms(rt.as_ref(), 50, 5, || {

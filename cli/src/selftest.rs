@@ -1384,7 +1384,7 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
             .sketch_weight(&g, problem.a.format, problem.d.format, seed, s.probes)
             .map_err(|e| e.to_string())?;
         let sample = sketch::RowSample::new(seed, s.m, s.rows_per_call);
-        if lean && !checker.sketch_takes_lean(&g, &weight, sample.count) {
+        if lean && !checker.sketch_takes_lean(&g, &weight, sample.count, false) {
             return Ok(vec![]);
         }
         let scratch = checker
@@ -1708,7 +1708,7 @@ fn detached_case(
             (QsRowSel::sample(&sample, 0, e, false), 0)
         };
         let (copy, check) = checker
-            .prepare_detached(&g, &layout, rows, snap.ptr, counter, &weight, &detached, (2, e))
+            .prepare_detached(&g, &layout, rows, snap.ptr, counter, &weight, &detached, (2, e), false)
             .map_err(|e| es(&e))?;
         checker.launch_prepared(&copy, st).map_err(|e| es(&e))?;
         checker.launch_prepared(&check, st).map_err(|e| es(&e))?;

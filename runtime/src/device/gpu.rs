@@ -489,6 +489,7 @@ impl GpuChecker {
         weight: &SketchWeight,
         scratch: &SketchScratch,
         tag: (u64, u64),
+        captured: bool,
     ) -> Result<(PreparedLaunch<abi::QsSnapParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
         let (a, b, d) = (format_of(g.a.format)?, format_of(g.b.format)?, format_of(g.d.format)?);
         let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
@@ -504,8 +505,16 @@ impl GpuChecker {
             layout.params(g, rows, base, epoch_counter),
         )?;
         let packed = layout.packed_desc(g, base);
-        let mut check =
-            self.prepare_sketch_check(&packed, QsRowSel::all(layout.count), weight, scratch, a, d, tag)?;
+        let mut check = self.prepare_sketch_check(
+            &packed,
+            QsRowSel::all(layout.count),
+            weight,
+            scratch,
+            a,
+            d,
+            tag,
+            captured,
+        )?;
         check.params.packed_ptr = base;
         Ok((copy, check))
     }
@@ -793,11 +802,14 @@ impl GpuChecker {
         a: Format,
         d: Format,
         tag: (u64, u64),
+        captured: bool,
     ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
         let b = format_of(g.b.format)?;
         let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
         let mut params = self.sketch_params(g, rows, weight, scratch, tag);
-        if let Some(wfrag) = weight.wfrag.as_ref().filter(|_| self.sketch_takes_lean(g, weight, rows.count)) {
+        if let Some(wfrag) =
+            weight.wfrag.as_ref().filter(|_| self.sketch_takes_lean(g, weight, rows.count, captured))
+        {
             params.wfrag_ptr = wfrag.ptr;
             params.splits = abi::LEAN_SPLITS as u32;
             params.rows_per_group = abi::LEAN_ROWS as u32;
@@ -818,8 +830,18 @@ impl GpuChecker {
     }
 
     /// Whether a sketch check of `rows` rows of the call `g` prepared now takes `qs_sketch_lean`.
-    pub fn sketch_takes_lean(&self, g: &QsGemmDesc, weight: &SketchWeight, rows: u64) -> bool {
-        self.lean_sketch()
+    /// `captured`: the check goes into a CUDA graph (stream capture or a graph branch), where it
+    /// keeps the general kernel: the lean kernel's thread-block clusters inside graphs are not
+    /// verified on a GPU yet (session 14 ran it eagerly only).
+    pub fn sketch_takes_lean(
+        &self,
+        g: &QsGemmDesc,
+        weight: &SketchWeight,
+        rows: u64,
+        captured: bool,
+    ) -> bool {
+        !captured
+            && self.lean_sketch()
             && weight.wfrag.is_some()
             && abi::lean_sketch_worthwhile(rows, g.n)
             && g.sketch_view().lean_sketch_eligible()
@@ -879,7 +901,7 @@ impl GpuChecker {
         tag: (u64, u64),
         stream: Stream,
     ) -> Result<(), DeviceError> {
-        let prepared = self.prepare_sketch_check(g, rows, weight, scratch, a, d, tag)?;
+        let prepared = self.prepare_sketch_check(g, rows, weight, scratch, a, d, tag, false)?;
         self.launch_prepared(&prepared, stream)
     }
 }

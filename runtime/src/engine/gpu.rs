@@ -713,7 +713,7 @@ impl GpuBackend {
         let rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
         let mut prepared = self
             .checker
-            .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq))
+            .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq), capturing)
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
         if let Some(rule) = req.device_gate {
             let gate = abi::DeviceGate::new(site.epoch.ptr + 8, rule.first, rule.every);
@@ -790,7 +790,7 @@ impl GpuBackend {
         let copy_on_stream = |rows, base, epoch_counter, scratch: &SketchScratch| {
             let (copy, check) = self
                 .checker
-                .prepare_detached(g, layout, rows, base, epoch_counter, weight, scratch, tag)
+                .prepare_detached(g, layout, rows, base, epoch_counter, weight, scratch, tag, capturing)
                 .map_err(|e| launch_err("set-up", e))?;
             self.checker.launch_prepared(&copy, stream).map_err(|e| launch_err("copy launch", e))?;
             Ok(check)
@@ -877,7 +877,17 @@ impl GpuBackend {
                 if let Some(after) = frontier {
                     let prepared = self
                         .checker
-                        .prepare_detached(g, layout, rows, buffer, st.epoch_counter.ptr, weight, scratch, tag)
+                        .prepare_detached(
+                            g,
+                            layout,
+                            rows,
+                            buffer,
+                            st.epoch_counter.ptr,
+                            weight,
+                            scratch,
+                            tag,
+                            true,
+                        )
                         .map_err(|e| launch_err("set-up", e));
                     let (copy, check) = match prepared {
                         Ok(p) => p,
