@@ -240,8 +240,7 @@ QS_DEVICE qs_u32 qs_f16x2_from_e4m3x2(qs_u32 two) {
 QS_DEVICE void qs_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// The two halves of qs_cluster_sync, for work in between that no other block waits for.
-QS_DEVICE void qs_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+// The two halves of a cluster barrier, for work in between that no other block waits for.
 // An arrival that orders no memory: it does not wait for this thread's loads in flight.
 QS_DEVICE void qs_cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 QS_DEVICE void qs_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
@@ -249,15 +248,6 @@ QS_DEVICE qs_u32 qs_cluster_rank() {
     qs_u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
-}
-// The f32 at the same shared-memory address as `local`, in block `rank` of the cluster.
-QS_DEVICE float qs_cluster_load_f32(const float* local, qs_u32 rank) {
-    const qs_u32 a = (qs_u32)__cvta_generic_to_shared(local);
-    qs_u32 ra;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-    return v;
 }
 // Stores v at the shared-memory address of `local`, in block `rank` of the cluster (visible to
 // that block after the next cluster barrier).

@@ -37,6 +37,29 @@ QS_DEVICE void qs_signed_add(float (&acc)[KP], float v, qs_u32 w) {
     for (int p = 0; p < KP; ++p) acc[p] += qs_f32_from_bits(vb ^ ((w << (31 - p)) & 0x80000000u));
 }
 
+// Runs body(QsKp<kp>{}) for the padded probe count kp: one template instantiation per count
+// (only QS_SKETCH_KP's when defined). Any other kp has no body to run, and nothing can be
+// published safely without its layout: it flags BAD_DESCRIPTOR.
+template <int KP>
+struct QsKp {
+    static constexpr int V = KP;
+};
+template <class F>
+QS_DEVICE void qs_for_kp(qs_u32 kp, qs_u64 status_ptr, F&& body) {
+    switch (kp) {
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
+        case 8: body(QsKp<8>{}); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
+        case 16: body(QsKp<16>{}); break;
+#endif
+#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
+        case 32: body(QsKp<32>{}); break;
+#endif
+        default: qs_flag(status_ptr, QS_STATUS_BAD_DESCRIPTOR); break;
+    }
+}
+
 // ================================================================================================
 // qs_sketch_prep: grid-stride over j; grid any size, QS_BLOCK threads.
 // ================================================================================================
@@ -278,18 +301,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_WPROJ(QsWprojParams P) {
     }
     if (P.snapshot_ptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < QS_WEIGHT_SAMPLES)
         ((qs_u32*)P.snapshot_ptr)[threadIdx.x] = qs_weight_sample(P.b, threadIdx.x);
-    switch (P.kp) {
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
-        case 8: qs_wproj_body<8>(P); break;
-#endif
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
-        case 16: qs_wproj_body<16>(P); break;
-#endif
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
-        case 32: qs_wproj_body<32>(P); break;
-#endif
-        default: qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); break;
-    }
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_wproj_body<decltype(k)::V>(P); });
 }
 
 // ================================================================================================
@@ -518,6 +530,44 @@ QS_DEVICE qs_u32 qs_sign_pair(qs_u32 x, qs_u32 y, unsigned q) {
     return (qs_prmt(x, y, ((12u + q) << 12) | ((8u + q) << 4)) & 0x80008000u) | ONE2;
 }
 
+// The +-1 A fragment of probe tile T (probes 16 T .. 16 T + 15) for one k16 step whose four
+// column pairs have sign words z0..z3 (shifted left by 7 - g): a[0], a[2] probe g + 16 T, a[1],
+// a[3] probe g + 8 + 16 T (zero when kp = 8).
+template <int KP, qs_u32 ONE2>
+QS_DEVICE void qs_sign_frags(qs_u32 z0, qs_u32 z1, qs_u32 z2, qs_u32 z3, unsigned T, qs_u32 (&a)[4]) {
+    a[0] = qs_sign_pair<ONE2>(z0, z1, 2 * T);
+    a[2] = qs_sign_pair<ONE2>(z2, z3, 2 * T);
+    a[1] = a[3] = 0u;
+    if constexpr (KP > 8) {
+        a[1] = qs_sign_pair<ONE2>(z0, z1, 2 * T + 1);
+        a[3] = qs_sign_pair<ONE2>(z2, z3, 2 * T + 1);
+    }
+}
+
+// Non-finite elements among N 16-bit pairs of D: `nonfinite` gathers an exponent-all-ones test
+// over the calls (one add per word); only when it fires are the NaN / Inf elements of these
+// words counted exactly, and it is cleared (rare; zero padding is finite).
+template <int DF, int N>
+QS_DEVICE void qs_d_nonfinite(const qs_u32 (&w)[N], qs_u32& nonfinite, qs_u64& nan_d, qs_u64& inf_d) {
+    using M = QsDMma<DF>;
+#pragma unroll
+    for (int i = 0; i < N; ++i) nonfinite |= (w[i] & M::EXP2) + M::ELSB2;
+    if ((nonfinite & 0x80008000u) == 0) return;
+    constexpr qs_u32 EXPH = M::EXP2 & 0xFFFFu, MANH = M::F16 ? 0x03FFu : 0x007Fu;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const qs_u32 x = (w[i] >> (16 * h)) & 0xFFFFu;
+            if ((x & EXPH) == EXPH) {
+                nan_d += (x & MANH) != 0;
+                inf_d += (x & MANH) == 0;
+            }
+        }
+    }
+    nonfinite = 0;
+}
+
 // 16 bytes of D codes as 16-bit pairs of the mma input format.
 template <int DF>
 QS_DEVICE void qs_d_words(const uint4 q, qs_u32 (&w)[QsDMma<DF>::WORDS]) {
@@ -642,24 +692,7 @@ QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
         for (int u = 0; u < 2; ++u) {
             qs_u32 w[M::WORDS];
             qs_d_words<QS_D_FMT>(q[u], w);
-#pragma unroll
-            for (int i = 0; i < M::WORDS; ++i) nonfinite |= (w[i] & M::EXP2) + M::ELSB2;
-            if ((nonfinite & 0x80008000u) != 0) {
-                // Rare: count D's NaN / Inf elements exactly (zero padding is finite).
-                constexpr qs_u32 EXPH = M::EXP2 & 0xFFFFu, MANH = M::F16 ? 0x03FFu : 0x007Fu;
-#pragma unroll
-                for (int i = 0; i < M::WORDS; ++i) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const qs_u32 x = (w[i] >> (16 * h)) & 0xFFFFu;
-                        if ((x & EXPH) == EXPH) {
-                            nan_d += (x & MANH) != 0;
-                            inf_d += (x & MANH) == 0;
-                        }
-                    }
-                }
-                nonfinite = 0;
-            }
+            qs_d_nonfinite<QS_D_FMT>(w, nonfinite, nan_d, inf_d);
             qs_u32 z[CPT];
 #pragma unroll
             for (int c = 0; c < CPT; ++c) z[c] = sw[u][c] << (7u - gq);
@@ -667,14 +700,9 @@ QS_DEVICE void qs_mma_d(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
             for (int s = 0; s < M::WORDS / 2; ++s) {
 #pragma unroll
                 for (int T = 0; T < NT; ++T) {
-                    const qs_u32 a0 = qs_sign_pair<M::ONE2>(z[4 * s], z[4 * s + 1], 2 * T);
-                    const qs_u32 a2 = qs_sign_pair<M::ONE2>(z[4 * s + 2], z[4 * s + 3], 2 * T);
-                    qs_u32 a1 = 0u, a3 = 0u;  // probes 8..15 of tile T (none when kp = 8)
-                    if constexpr (KP > 8) {
-                        a1 = qs_sign_pair<M::ONE2>(z[4 * s], z[4 * s + 1], 2 * T + 1);
-                        a3 = qs_sign_pair<M::ONE2>(z[4 * s + 2], z[4 * s + 3], 2 * T + 1);
-                    }
-                    qs_mma_16bit<M::F16>(acc[T], a0, a1, a2, a3, w[2 * s], w[2 * s + 1]);
+                    qs_u32 a[4];
+                    qs_sign_frags<KP, M::ONE2>(z[4 * s], z[4 * s + 1], z[4 * s + 2], z[4 * s + 3], T, a);
+                    qs_mma_16bit<M::F16>(acc[T], a[0], a[1], a[2], a[3], w[2 * s], w[2 * s + 1]);
                 }
             }
         }
@@ -1428,21 +1456,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
     QS_TM_BLOCK_START();
     // Not sampled on this replay: return before the counter protocol (nothing to undo).
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
-    switch (P.kp) {
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
-        case 8: qs_sketch_check_body<8>(P, valid, sm); break;
-#endif
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
-        case 16: qs_sketch_check_body<16>(P, valid, sm); break;
-#endif
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
-        case 32: qs_sketch_check_body<32>(P, valid, sm); break;
-#endif
-        default:
-            // No body to run: nothing can be published safely without the partial layout.
-            qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
-            break;
-    }
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_sketch_check_body<decltype(k)::V>(P, valid, sm); });
 }
 
 // ================================================================================================
@@ -1744,23 +1758,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
             for (int nt = 0; nt < NT; ++nt) {
                 const uint4 q = dv[u][nt];
                 const qs_u32 words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) nonfinite |= (words[i] & DM::EXP2) + DM::ELSB2;
-                if ((nonfinite & 0x80008000u) != 0) {
-                    // Rare: count the NaN / Inf elements of this vector exactly.
-                    constexpr qs_u32 EXPH = DM::EXP2 & 0xFFFFu, MANH = DM::F16 ? 0x03FFu : 0x007Fu;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const qs_u32 x = (words[i] >> (16 * h)) & 0xFFFFu;
-                            if ((x & EXPH) == EXPH) {
-                                nan_d += (x & MANH) != 0;
-                                inf_d += (x & MANH) == 0;
-                            }
-                        }
-                    nonfinite = 0;
-                }
+                qs_d_nonfinite<QS_D_FMT>(words, nonfinite, nan_d, inf_d);
             }
             const qs_u32 sw[8] = {sv[u][0].x, sv[u][0].y, sv[u][0].z, sv[u][0].w,
                                   sv[u][1].x, sv[u][1].y, sv[u][1].z, sv[u][1].w};
@@ -1770,17 +1768,13 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
                              z2 = sw[4 * s + 2] << (7u - gq), z3 = sw[4 * s + 3] << (7u - gq);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    const qs_u32 a0 = qs_sign_pair<DM::ONE2>(z0, z1, 2 * mt);
-                    const qs_u32 a2 = qs_sign_pair<DM::ONE2>(z2, z3, 2 * mt);
-                    qs_u32 a1 = 0u, a3 = 0u;  // probes 8..15 of the tile (none when kp = 8)
-                    if constexpr (KP > 8) {
-                        a1 = qs_sign_pair<DM::ONE2>(z0, z1, 2 * mt + 1);
-                        a3 = qs_sign_pair<DM::ONE2>(z2, z3, 2 * mt + 1);
-                    }
+                    qs_u32 a[4];
+                    qs_sign_frags<KP, DM::ONE2>(z0, z1, z2, z3, mt, a);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
                         const uint4 q = dv[u][nt];
-                        qs_mma_16bit<DM::F16>(acc.v[1][mt][nt], a0, a1, a2, a3, s == 0 ? q.x : q.z, s == 0 ? q.y : q.w);
+                        qs_mma_16bit<DM::F16>(acc.v[1][mt][nt], a[0], a[1], a[2], a[3], s == 0 ? q.x : q.z,
+                                              s == 0 ? q.y : q.w);
                     }
                 }
             }
@@ -1896,18 +1890,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
-    switch (P.kp) {
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 8
-        case 8: qs_lean_body<8>(P, valid, sm); break;
-#endif
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 16
-        case 16: qs_lean_body<16>(P, valid, sm); break;
-#endif
-#if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
-        case 32: qs_lean_body<32>(P, valid, sm); break;
-#endif
-        default: qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); break;
-    }
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V>(P, valid, sm); });
 }
 #else
 // Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entry exists so that every

@@ -326,14 +326,10 @@ pub enum WeightRounding {
     Bf16Hi,
 }
 
-/// `w` as f32, then bf16, round to nearest even (qs_sketch.cu `qs_bf16_rn`).
+/// `w` as f32, then bf16, round to nearest even: two roundings, as the device does them (f64 sums
+/// stored as f32 W_R, then qs_sketch.cu `qs_bf16_rn`), not `Format::Bf16`'s single one.
 pub fn round_bf16_hi(w: f64) -> f64 {
-    let b = (w as f32).to_bits();
-    if (b & 0x7FFF_FFFF) > 0x7F80_0000 {
-        return f64::NAN;
-    }
-    let r = (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) & 0xFFFF_0000;
-    f32::from_bits(r) as f64
+    half::bf16::from_f32(w as f32).to_f64()
 }
 
 /// The host sketch check of one call: the same estimator, row sample, worst-row rule and

@@ -8,5 +8,5 @@ timeout 400 /usr/local/cuda/bin/ncu --kernel-name regex:qs_sketch_lean --launch-
   --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
   quantshadow bench gpu --only sketch --m 4096 --probes 32 > /tmp/ncu_src.csv 2>/tmp/ncu.err
 tail -3 /tmp/ncu.err
-python3 docs/measurements/raw/2026-11-26-h100-lean-sketch/ncu_hot.py /tmp/ncu_src.csv 2>&1 | head -120
+python3 docs/measurements/raw/2026-11-26-h100-sketch-kernel/ncu_hot.py /tmp/ncu_src.csv 2>&1 | head -120
 gzip -c /tmp/ncu_src.csv > $OUT/ncu_lean_src.csv.gz
