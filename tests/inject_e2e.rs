@@ -254,10 +254,13 @@ fn tile_rows_are_located_every_16th_row() {
     let d = r.diagnosis_of(7);
     let map = d.error_map.as_ref().unwrap();
     let period = map.row_period.unwrap();
-    // A 256-row sample of the 300 (seeded per site): exactly its rows i % 16 == 15 are bad.
+    // A 256-row sample of the 300: exactly its rows i % 16 == 15 are bad. The sample is an affine
+    // permutation seeded by the site id, which folds the weight pointer (ASLR), so its rows vary
+    // per run: over every multiplier coprime with 300 and every offset, a 256-row window holds
+    // between 7 and 18 of the 18 tile rows (brute force), hence the bound of 7.
     assert_eq!((period.period, period.offset), (16, 15), "{}", map.summary);
     assert_eq!(period.first_row, map.bad_rows[0]);
-    assert!(map.bad_rows.iter().all(|i| i % 16 == 15) && map.bad_rows_total >= 12, "{map:?}");
+    assert!(map.bad_rows.iter().all(|i| i % 16 == 15) && map.bad_rows_total >= 7, "{map:?}");
     assert_eq!((map.m, map.rows_checked), (300, 256));
     assert!(map.summary.contains("every 16th row"), "{}", map.summary);
     // No reading of the contract explains wrong rows.
