@@ -272,6 +272,17 @@ QS_DEVICE qs_u32 qs_bf16x2_from_e4m3x2(qs_u32 two) {
 #define QS_HAVE_CLUSTER 0
 #endif
 
+// ---- early start (programmatic dependent launch, CUDA sm_90+) ----------------------------------
+// A kernel the host launches to start before the grid ahead of it on its stream has finished
+// (`PreparedLaunch::early_start`) does its set-up that reads none of that grid's memory, then
+// waits here: the grid ahead has completed and its writes are visible after this. Returns at once
+// for an ordinary launch, and compiles to nothing elsewhere (HIP, CUDA before sm_90).
+QS_DEVICE void qs_wait_prior_grid() {
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---- fast division by a run-time invariant divisor ------------------------------------------
 // Scale lookups divide element coordinates by block sizes that are only known at run time;
 // a hardware-free division costs ~20 instructions, a multiply-high ~2. Valid for numerators

@@ -1456,6 +1456,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
     QS_TM_BLOCK_START();
     // Not sampled on this replay: return before the counter protocol (nothing to undo).
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
+    qs_wait_prior_grid();  // an early start: the production GEMM's A and D after this
     qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_sketch_check_body<decltype(k)::V>(P, valid, sm); });
 }
 
@@ -1661,6 +1662,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // Relaxed: a release arrival would wait for the W_R loads in flight (~1.7 us on an H100).
     qs_cluster_arrive_relaxed();
     bool prologue = warp < (unsigned)FIN;  // the finishing stage's scalars and row biases
+    // Everything above reads only this tool's memory (row epoch, W_R, signs); A, D, the scalars
+    // and row biases may be the production GEMM's, which an early start may still be running.
+    qs_wait_prior_grid();
 
     // ---- projections: this lane's row of tile nt is 8 nt + gq --------------------------------
     qs_u64 arow[NT], drow[NT];
@@ -2069,6 +2073,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
         s_status = 0;
     }
     __syncthreads();
+    qs_wait_prior_grid();  // an early start: the production GEMM's A, D and scalars after this
     const qs_u64 epoch = s_epoch;
     const qs_u64 tag = qs_snap_tag(epoch);
     if (blockIdx.x == 0 && blockIdx.y == 0) {
@@ -2112,6 +2117,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
     const bool rows_by_epoch = P.rows.mode == QS_ROWS_PERM;
     if (rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
+    qs_wait_prior_grid();  // an early start: the production GEMM's A and D after this
     const qs_u64 t = blockIdx.x;
     qs_u64 row = 0;
     if (t < P.rows.count && qs_rows_at(P.rows, rows_by_epoch ? s_epoch : 0, t, &row, (qs_u64)&s_status)) {

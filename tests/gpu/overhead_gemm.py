@@ -10,7 +10,8 @@ first calls), then CUDA events around `reps` back-to-back calls of the same GEMM
 4096x128256x4096), median of 5 trials. Prints one JSON line per case:
 {"op": "bf16"|"fp8", "m": M, "n": N, "k": K, "us": microseconds per call}.
 --only keeps the cases whose name "OP MxNxK" (e.g. "fp8 16x14336x4096") contains SUBSTR;
---quick keeps M in 1, 4096 and the first two shapes.
+--quick keeps M in 1, 4096 and the first two shapes; --m 512,4096 and --shapes 3 pick M values
+and the first N shapes.
 """
 import argparse
 import json
@@ -43,8 +44,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", default="", help='keep cases whose name "OP MxNxK" contains this')
     p.add_argument("--quick", action="store_true", help="M in 1, 4096 and the first two shapes")
+    p.add_argument("--m", default="", help="comma-separated M values instead of the default set")
+    p.add_argument("--shapes", type=int, default=0, help="only the first N (N, K) shapes")
     args = p.parse_args()
     shapes, ms = (SHAPES[:2], [1, 4096]) if args.quick else (SHAPES, MS)
+    if args.m:
+        ms = [int(x) for x in args.m.split(",")]
+    if args.shapes:
+        shapes = SHAPES[: args.shapes]
 
     torch.manual_seed(0)
     dev = "cuda"

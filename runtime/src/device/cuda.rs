@@ -111,6 +111,9 @@ pub struct CudaRuntime {
     /// cuGraphAddDependencies_v2 (CUDA >= 12.3): a snapshot copy beside the next captured GEMM,
     /// joined afterwards. Without them the copy stays on the captured stream.
     branch_joins: bool,
+    /// cuLaunchKernelEx (CUDA >= 12.0): early starts (programmatic dependent launch). Without
+    /// it every launch is an ordinary one.
+    early_launch: bool,
     nvrtc: OnceLock<Result<(), DeviceError>>,
 }
 
@@ -179,7 +182,8 @@ impl CudaRuntime {
             ]
             .iter()
             .all(|name| symbol_present(Lib::Driver, name));
-        Ok(CudaRuntime { elapsed_v2, graph_branches, branch_joins, nvrtc: OnceLock::new() })
+        let early_launch = symbol_present(Lib::Driver, "cuLaunchKernelEx");
+        Ok(CudaRuntime { elapsed_v2, graph_branches, branch_joins, early_launch, nvrtc: OnceLock::new() })
     }
 
     /// (capture id, graph, the stream's current dependencies) of an active capture on `s`.
@@ -503,6 +507,51 @@ impl GpuRuntime for CudaRuntime {
                 block[2],
                 shared_bytes,
                 stream(s),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    fn early_launch(&self) -> bool {
+        self.early_launch
+    }
+
+    unsafe fn launch_early(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        s: Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DeviceError> {
+        if !self.early_launch {
+            return Err(DeviceError::SymbolMissing { lib: "libcuda", name: "cuLaunchKernelEx" });
+        }
+        // SAFETY: plain data; every field the driver reads is set below.
+        let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = cu::CUlaunchConfig {
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: block[0],
+            blockDimY: block[1],
+            blockDimZ: block[2],
+            sharedMemBytes: shared_bytes,
+            hStream: stream(s),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: early_launch implies the symbol; the caller guarantees params match the
+        // kernel's signature and that the kernel waits for the prior grid before reading what
+        // it writes (qs_wait_prior_grid).
+        check("cuLaunchKernelEx", unsafe {
+            cu::cuLaunchKernelEx(
+                &config,
+                function.0 as cu::CUfunction,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )

@@ -208,6 +208,18 @@ pub struct GpuChecker {
     /// Sketch checks take `qs_sketch_lean` where the call allows ([`lean_sketch_device`];
     /// `QUANTSHADOW_SKETCH_LEAN=0` turns it off; benchmarks switch it to compare).
     lean_sketch: AtomicBool,
+    /// Checks and snapshot copies that follow the production GEMM on its stream start early
+    /// (programmatic dependent launch) where the device allows ([`early_start_device`] and the
+    /// runtime's `early_launch`). Off unless `QUANTSHADOW_EARLY_START=1`: written in session 15
+    /// with no GPU time left, so neither its correctness nor its gain has been measured on a GPU
+    /// (docs/measurements/raw/2026-11-26-h100-early-start/exp41.sh is the run that will).
+    early_start: AtomicBool,
+}
+
+/// Whether the device can start a kernel before the grid ahead of it finishes: CUDA sm_90 or
+/// newer (programmatic dependent launch).
+pub fn early_start_device(info: &DeviceInfo) -> bool {
+    lean_sketch_device(info)
 }
 
 /// Whether the device runs the lean sketch check: CUDA sm_90 or newer (thread-block clusters).
@@ -223,6 +235,10 @@ pub struct PreparedLaunch<P: KernelParams> {
     function: super::Function,
     config: LaunchConfig,
     pub params: P,
+    /// Launched to start before the grid ahead of it on its stream finishes (the kernel waits
+    /// for that grid before reading its memory: `qs_wait_prior_grid`). Only for kernels whose
+    /// work before that wait reads nothing the stream's earlier work may still be writing.
+    pub early_start: bool,
 }
 
 impl PreparedLaunch<QsSketchParams> {
@@ -307,6 +323,9 @@ impl GpuChecker {
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
         let lean =
             lean_sketch_device(&info) && std::env::var("QUANTSHADOW_SKETCH_LEAN").map_or(true, |v| v != "0");
+        let early = early_start_device(&info)
+            && runtime.early_launch()
+            && std::env::var("QUANTSHADOW_EARLY_START").is_ok_and(|v| v == "1");
         Ok(GpuChecker {
             runtime,
             info,
@@ -314,6 +333,7 @@ impl GpuChecker {
             ring: Mutex::new(ring),
             pool: None,
             lean_sketch: AtomicBool::new(lean),
+            early_start: AtomicBool::new(early),
         })
     }
 
@@ -327,6 +347,19 @@ impl GpuChecker {
     pub fn set_lean_sketch(&self, on: bool) -> bool {
         let on = on && lean_sketch_device(&self.info);
         self.lean_sketch.store(on, Ordering::Relaxed);
+        on
+    }
+
+    /// Whether checks and copies prepared from now on start early (see [`GpuChecker`]).
+    pub fn early_start(&self) -> bool {
+        self.early_start.load(Ordering::Relaxed)
+    }
+
+    /// Turns early starts on or off for launches prepared from now on; on only where the
+    /// device and runtime support them. Returns the setting.
+    pub fn set_early_start(&self, on: bool) -> bool {
+        let on = on && early_start_device(&self.info) && self.runtime.early_launch();
+        self.early_start.store(on, Ordering::Relaxed);
         on
     }
 
@@ -428,9 +461,25 @@ impl GpuChecker {
     ) -> Result<(), DeviceError> {
         let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
         let c = &prepared.config;
-        // SAFETY: the function was resolved for exactly this parameter type when prepared.
+        let rt = &self.runtime;
+        // SAFETY: the function was resolved for exactly this parameter type when prepared; an
+        // early start is set only for kernels that wait for the prior grid (PreparedLaunch).
         unsafe {
-            self.runtime.launch(prepared.function, c.grid, c.block, c.shared_bytes, stream, &mut param_ptrs)
+            if prepared.early_start && rt.early_launch() {
+                match rt.launch_early(
+                    prepared.function,
+                    c.grid,
+                    c.block,
+                    c.shared_bytes,
+                    stream,
+                    &mut param_ptrs,
+                ) {
+                    Ok(()) => return Ok(()),
+                    // Nothing was launched: the ordinary launch below stands in.
+                    Err(e) => tracing::debug!("early start refused, launching in order: {e}"),
+                }
+            }
+            rt.launch(prepared.function, c.grid, c.block, c.shared_bytes, stream, &mut param_ptrs)
         }
     }
 
@@ -516,6 +565,11 @@ impl GpuChecker {
             captured,
         )?;
         check.params.packed_ptr = base;
+        // The copy follows the production GEMM on its stream; the check reads the copy's
+        // snapshot (its header epoch before any wait), so it keeps the ordinary launch.
+        check.early_start = false;
+        let mut copy = copy;
+        copy.early_start = !captured && self.early_start();
         Ok((copy, check))
     }
 
@@ -526,7 +580,12 @@ impl GpuChecker {
         config: LaunchConfig,
         params: P,
     ) -> Result<PreparedLaunch<P>, DeviceError> {
-        Ok(PreparedLaunch { function: self.program(build)?.function(entry)?, config, params })
+        Ok(PreparedLaunch {
+            function: self.program(build)?.function(entry)?,
+            config,
+            params,
+            early_start: false,
+        })
     }
 
     /// Scratch for comparing `rows` rows of `n` columns (logits: with top-k rows).
@@ -814,19 +873,19 @@ impl GpuChecker {
             params.splits = abi::LEAN_SPLITS as u32;
             params.rows_per_group = abi::LEAN_ROWS as u32;
             let launch = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
-            return self.prepare(
-                &build,
-                &format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
-                launch,
-                params,
-            );
+            let mut lean =
+                self.prepare(&build, &format!("qs_sketch_lean_{}_{}", a.name(), d.name()), launch, params)?;
+            lean.early_start = !captured && self.early_start();
+            return Ok(lean);
         }
-        self.prepare(
+        let mut check = self.prepare(
             &build,
             &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
             scratch.geometry.launch,
             params,
-        )
+        )?;
+        check.early_start = !captured && self.early_start();
+        Ok(check)
     }
 
     /// Whether a sketch check of `rows` rows of the call `g` prepared now takes `qs_sketch_lean`.

@@ -175,6 +175,32 @@ pub trait GpuRuntime: Send + Sync {
         params: &mut [*mut c_void],
     ) -> Result<(), DeviceError>;
 
+    /// Whether [`GpuRuntime::launch_early`] is available (the device must also support it:
+    /// see `gpu::early_start_device`).
+    fn early_launch(&self) -> bool {
+        false
+    }
+
+    /// As [`GpuRuntime::launch`], but the kernel may start before the grid ahead of it on
+    /// `stream` has finished (CUDA programmatic dependent launch). Runtimes without it return
+    /// `Unsupported`, having launched nothing.
+    ///
+    /// # Safety
+    /// As [`GpuRuntime::launch`]; in addition the kernel must wait for the prior grid
+    /// (`qs_wait_prior_grid`) before reading anything the work ahead of it on `stream` writes.
+    unsafe fn launch_early(
+        &self,
+        function: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DeviceError> {
+        let _ = (function, grid, block, shared_bytes, stream, params);
+        Err(DeviceError::Unsupported("early starts are not implemented for this runtime".into()))
+    }
+
     fn is_capturing(&self, stream: Stream) -> Result<bool, DeviceError>;
 
     /// Id of the capture in progress on `stream` (None: not capturing, or the runtime cannot

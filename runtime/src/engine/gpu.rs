@@ -677,6 +677,9 @@ impl GpuBackend {
             site.weight_changes_seen = c;
             site.weight = None; // projected from content B no longer holds
         }
+        // W_R projected by this call is written just ahead of the check on the stream: the
+        // check then keeps the ordinary launch (an early start reads W_R before its wait).
+        let mut projected_now = false;
         if site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
@@ -687,6 +690,7 @@ impl GpuBackend {
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
             site.weight = Some(w);
             site.weight_ptr = req.call.buffers.b;
+            projected_now = true;
         }
         if self.sketch_detach && !self.weights_rewritten(req.site_id) {
             let weight = site.weight.as_ref().expect("set above");
@@ -715,6 +719,7 @@ impl GpuBackend {
             .checker
             .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq), capturing)
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
+        prepared.early_start &= !projected_now;
         if let Some(rule) = req.device_gate {
             let gate = abi::DeviceGate::new(site.epoch.ptr + 8, rule.first, rule.every);
             prepared.params.gate_ptr = gate.ptr;
