@@ -1208,6 +1208,48 @@ pub fn lean_sketch_launch(rows: u64) -> Result<LaunchConfig, AbiError> {
     LaunchConfig::new([rows.max(1).div_ceil(LEAN_ROWS), LEAN_SPLITS, 1], BLOCK_THREADS)
 }
 
+/// One of several sketch checks launched at once (a capture's deferred checks), for
+/// [`plan_shared_splits`]: its row groups, the most splits its scratch allows, and the bytes
+/// one group reads over all its splits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitDemand {
+    pub groups: u64,
+    pub max_splits: u32,
+    pub bytes_per_group: u64,
+}
+
+/// Splits for checks that run all at once in one resident wave of `wave` blocks: each check
+/// first gets one split per group, then the blocks left go, one split at a time, to the check
+/// whose blocks read the most (largest bytes per group / splits). A uniform share instead
+/// gives a 14336-deep check the same 5 splits as a 4096-deep one beside it (48 decode checks
+/// on an H100), so its blocks read 3.5x more and the graph waits for them. More groups than
+/// blocks: one split each (they take more than one wave whatever the split).
+pub fn plan_shared_splits(checks: &[SplitDemand], wave: u64) -> Vec<u32> {
+    let mut splits = vec![1u32; checks.len()];
+    let base: u64 = checks.iter().map(|c| c.groups.max(1)).sum();
+    let mut left = wave.saturating_sub(base);
+    loop {
+        // The check whose blocks read the most and that can still take a split.
+        let mut best: Option<usize> = None;
+        for (i, c) in checks.iter().enumerate() {
+            if splits[i] >= c.max_splits.max(1) || c.groups.max(1) > left {
+                continue;
+            }
+            // c / s > b / t  <=>  c t > b s (no division: exact for every size).
+            let heavier = best.is_none_or(|b| {
+                c.bytes_per_group as u128 * splits[b] as u128
+                    > checks[b].bytes_per_group as u128 * splits[i] as u128
+            });
+            if heavier {
+                best = Some(i);
+            }
+        }
+        let Some(i) = best else { return splits };
+        splits[i] += 1;
+        left -= checks[i].groups.max(1);
+    }
+}
+
 /// Geometry of one sketch check launch and the scratch it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SketchGeometry {
@@ -1544,6 +1586,49 @@ impl KernelBuild {
 mod tests {
     use super::*;
     use crate::problem::{Bias, Epilogue};
+
+    #[test]
+    fn shared_splits_follow_the_bytes_each_check_reads() {
+        let d = |groups, max_splits, bytes_per_group| SplitDemand { groups, max_splits, bytes_per_group };
+        // One decode layer set of overhead_mlp.py 8 times (48 one-row checks, k = 32): four
+        // 4096-deep checks, a 4096-deep one 14336 wide and a 14336-deep one, on 132 SMs.
+        let layer = [
+            d(1, 32, 540_000),
+            d(1, 32, 540_000),
+            d(1, 32, 540_000),
+            d(1, 32, 540_000),
+            d(1, 64, 561_000),
+            d(1, 64, 1_870_000),
+        ];
+        let checks: Vec<SplitDemand> = layer.iter().copied().cycle().take(48).collect();
+        let s = plan_shared_splits(&checks, 264);
+        let blocks: u64 = s.iter().map(|&x| x as u64).sum();
+        assert!((263..=264).contains(&blocks), "{blocks}");
+        // The deep check gets ~3.5x the splits; per-block bytes end within one split of even.
+        let per_block = |i: usize| checks[i].bytes_per_group as f64 / s[i] as f64;
+        let worst = (0..48).map(per_block).fold(0.0, f64::max);
+        let best = (0..48).map(per_block).fold(f64::MAX, f64::min);
+        assert!(s[5] >= 3 * s[0], "{s:?}");
+        assert!(worst <= 1_870_000.0 / 13.0 && worst / best < 1.6, "{worst} {best} {s:?}");
+        // The uniform share this replaces: 5 each, the deep check's blocks reading 374 kB.
+        assert!(worst < 1_870_000.0 / 5.0 / 2.0);
+    }
+
+    #[test]
+    fn shared_splits_respect_each_scratch_and_the_wave() {
+        let d = |groups, max_splits, bytes_per_group| SplitDemand { groups, max_splits, bytes_per_group };
+        // Capped by the scratch: the heavy check stops at 4, the rest goes to the light ones.
+        assert_eq!(plan_shared_splits(&[d(1, 4, 1 << 30), d(1, 64, 1)], 20), vec![4, 16]);
+        // A split costs a block per group: the 8-group check's second split takes 8 of the
+        // 11 blocks left, after which only the one-group check fits more (3 of them).
+        assert_eq!(plan_shared_splits(&[d(8, 32, 1000), d(1, 32, 1000)], 20), vec![2, 4]);
+        assert_eq!(plan_shared_splits(&[d(8, 32, 8000), d(1, 32, 1000)], 20), vec![2, 4]);
+        // More groups than the wave: one split each, as before.
+        assert_eq!(plan_shared_splits(&[d(200, 32, 5), d(100, 32, 9)], 264), vec![1, 1]);
+        assert_eq!(plan_shared_splits(&[], 264), Vec::<u32>::new());
+        // Equal checks split evenly.
+        assert_eq!(plan_shared_splits(&[d(1, 64, 7); 4], 22), vec![6, 6, 5, 5]);
+    }
 
     #[test]
     fn sketch_view_folds_only_a_plain_tensor_wise_a_scale() {

@@ -255,6 +255,21 @@ impl PreparedLaunch<QsSketchParams> {
     pub fn groups(&self) -> u64 {
         self.config.grid[0] as u64
     }
+
+    /// What [`abi::plan_shared_splits`] needs of this check: its groups, the splits it was
+    /// prepared with (its scratch's; narrowing only lowers them), and the bytes one group reads
+    /// over all its splits: W_R (K x kp f32, once per block) and its rows of A and D.
+    pub fn split_demand(&self) -> abi::SplitDemand {
+        let p = &self.params;
+        let bytes = |code: u32| format_of(code).map_or(2, |f| f.bits().div_ceil(8) as u64);
+        let rows = (p.rows_per_group as u64).min(p.rows.count).max(1);
+        abi::SplitDemand {
+            groups: self.groups(),
+            max_splits: p.splits,
+            bytes_per_group: p.g.k * p.kp as u64 * 4
+                + rows * (p.g.k * bytes(p.g.a.format) + p.g.n * bytes(p.g.d.format)),
+        }
+    }
 }
 
 /// What one compare reads: rows of D and an f32 reference of the same rows.

@@ -1485,11 +1485,10 @@ impl Backend for GpuBackend {
         }
         let mut checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
         // They run all at once: narrowed to share one resident wave of blocks (blocks beyond it
-        // would wait for earlier checks' slow finishing stages).
+        // would wait for earlier checks' slow finishing stages), split by the bytes each reads.
         let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
-        let groups: u64 = checks.iter().map(|c| c.launch.groups()).sum();
-        let splits = (wave / groups.max(1)).clamp(1, u32::MAX as u64) as u32;
-        for check in &mut checks {
+        let demands: Vec<abi::SplitDemand> = checks.iter().map(|c| c.launch.split_demand()).collect();
+        for (check, splits) in checks.iter_mut().zip(abi::plan_shared_splits(&demands, wave)) {
             check.launch.narrow_splits(splits);
         }
         for check in &checks {
