@@ -1,10 +1,12 @@
 """quantshadow GPU verification 1 and 2: real PyTorch GEMMs under the shim.
 
-    python3 tests/gpu/torch_ops.py OUT.json [--graph-replays N] [--seed S]
+    python3 tests/gpu/torch_ops.py OUT.json [--graph-replays N] [--seed S] [--graph-rows R] [--graph-kernels]
 
 Runs a@b in bf16/fp16/fp32, F.linear with bias (cuBLASLt BIAS epilogue), bmm, and
 torch._scaled_mm FP8 e4m3 with tensor-wise and row-wise scales, for M in {1, 55, 56, 57, 4096},
-on seeded random data; then a decode-like loop captured with torch.cuda.graph and replayed.
+on seeded random data; then a decode-like loop captured with torch.cuda.graph and replayed
+(R tokens per step, default 1; 16 or more reach the lean sketch kernel where graphs may take it,
+QUANTSHADOW_SKETCH_LEAN=graphs).
 Writes the SHA-256 of every output to OUT.json, so that a run under the shim can be compared
 bit for bit with a run without it.
 """
@@ -28,6 +30,9 @@ def main():
     seed = 1234
     if "--seed" in sys.argv:
         seed = int(sys.argv[sys.argv.index("--seed") + 1])
+    graph_rows = 1
+    if "--graph-rows" in sys.argv:
+        graph_rows = int(sys.argv[sys.argv.index("--graph-rows") + 1])
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -66,7 +71,7 @@ def main():
 
     # A decode-like step captured once, replayed many times.
     layers = [rand(K, K) for _ in range(3)]
-    static_x = rand(1, K)
+    static_x = rand(graph_rows, K)
 
     def step(x):
         for w in layers:
@@ -84,11 +89,19 @@ def main():
         static_y = step(static_x)
     outs = []
     for i in range(replays):
-        static_x.copy_(rand(1, K))
+        static_x.copy_(rand(graph_rows, K))
         graph.replay()
         outs.append(static_y.clone())
     torch.cuda.synchronize()
     results["graph_replays"] = digest(torch.stack(outs))
+    if "--graph-kernels" in sys.argv:
+        # Which kernels one replay runs (CUPTI sees inside graphs): e.g. that a check took the
+        # lean kernel. Printed only, not hashed.
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+        print("graph kernels: " + ", ".join(n[:60] for n in names))
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     print(f"torch_ops: {len(results)} outputs hashed, {replays} graph replays")

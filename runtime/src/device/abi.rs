@@ -1209,24 +1209,26 @@ pub fn lean_sketch_launch(rows: u64) -> Result<LaunchConfig, AbiError> {
 }
 
 /// One of several sketch checks launched at once (a capture's deferred checks), for
-/// [`plan_shared_splits`]: its row groups, the most splits its scratch allows, and the bytes
-/// one group reads over all its splits.
+/// [`plan_shared_splits`]: its row groups, the fewest and most splits it can run with (the
+/// most: what its scratch holds; a lean check's cluster fixes both), and the bytes one group
+/// reads over all its splits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitDemand {
     pub groups: u64,
+    pub min_splits: u32,
     pub max_splits: u32,
     pub bytes_per_group: u64,
 }
 
 /// Splits for checks that run all at once in one resident wave of `wave` blocks: each check
-/// first gets one split per group, then the blocks left go, one split at a time, to the check
-/// whose blocks read the most (largest bytes per group / splits). A uniform share instead
+/// first gets its fewest splits (one for the general kernel), then the blocks left go, one split
+/// at a time, to the check whose blocks read the most (largest bytes per group / splits). A uniform share instead
 /// gives a 14336-deep check the same 5 splits as a 4096-deep one beside it (48 decode checks
 /// on an H100), so its blocks read 3.5x more and the graph waits for them. More groups than
 /// blocks: one split each (they take more than one wave whatever the split).
 pub fn plan_shared_splits(checks: &[SplitDemand], wave: u64) -> Vec<u32> {
-    let mut splits = vec![1u32; checks.len()];
-    let base: u64 = checks.iter().map(|c| c.groups.max(1)).sum();
+    let mut splits: Vec<u32> = checks.iter().map(|c| c.min_splits.max(1)).collect();
+    let base: u64 = checks.iter().zip(&splits).map(|(c, &s)| c.groups.max(1) * s as u64).sum();
     let mut left = wave.saturating_sub(base);
     loop {
         // The check whose blocks read the most and that can still take a split.
@@ -1589,7 +1591,12 @@ mod tests {
 
     #[test]
     fn shared_splits_follow_the_bytes_each_check_reads() {
-        let d = |groups, max_splits, bytes_per_group| SplitDemand { groups, max_splits, bytes_per_group };
+        let d = |groups, max_splits, bytes_per_group| SplitDemand {
+            groups,
+            min_splits: 1,
+            max_splits,
+            bytes_per_group,
+        };
         // One decode layer set of overhead_mlp.py 8 times (48 one-row checks, k = 32): four
         // 4096-deep checks, a 4096-deep one 14336 wide and a 14336-deep one, on 132 SMs.
         let layer = [
@@ -1616,7 +1623,12 @@ mod tests {
 
     #[test]
     fn shared_splits_respect_each_scratch_and_the_wave() {
-        let d = |groups, max_splits, bytes_per_group| SplitDemand { groups, max_splits, bytes_per_group };
+        let d = |groups, max_splits, bytes_per_group| SplitDemand {
+            groups,
+            min_splits: 1,
+            max_splits,
+            bytes_per_group,
+        };
         // Capped by the scratch: the heavy check stops at 4, the rest goes to the light ones.
         assert_eq!(plan_shared_splits(&[d(1, 4, 1 << 30), d(1, 64, 1)], 20), vec![4, 16]);
         // A split costs a block per group: the 8-group check's second split takes 8 of the
@@ -1628,6 +1640,9 @@ mod tests {
         assert_eq!(plan_shared_splits(&[], 264), Vec::<u32>::new());
         // Equal checks split evenly.
         assert_eq!(plan_shared_splits(&[d(1, 64, 7); 4], 22), vec![6, 6, 5, 5]);
+        // A lean check's cluster fixes its splits; it still takes its blocks from the wave.
+        let lean = SplitDemand { groups: 2, min_splits: 8, max_splits: 8, bytes_per_group: 1 << 30 };
+        assert_eq!(plan_shared_splits(&[lean, d(1, 64, 7)], 30), vec![8, 14]);
     }
 
     #[test]

@@ -208,6 +208,9 @@ pub struct GpuChecker {
     /// Sketch checks take `qs_sketch_lean` where the call allows ([`lean_sketch_device`];
     /// `QUANTSHADOW_SKETCH_LEAN=0` turns it off; benchmarks switch it to compare).
     lean_sketch: AtomicBool,
+    /// Captured checks (CUDA graphs) may take it too: `QUANTSHADOW_SKETCH_LEAN=graphs`, off by
+    /// default until the lean kernel's clusters have run inside graphs on a GPU.
+    lean_in_graphs: bool,
     /// Checks and snapshot copies that follow the production GEMM on its stream start early
     /// (programmatic dependent launch) where the device allows ([`early_start_device`] and the
     /// runtime's `early_launch`). Off unless `QUANTSHADOW_EARLY_START=1`: written in session 15
@@ -246,6 +249,9 @@ impl PreparedLaunch<QsSketchParams> {
     /// scratch sized for more serves fewer): for many checks launched at once, which would
     /// otherwise queue behind each other's blocks.
     pub fn narrow_splits(&mut self, splits: u32) {
+        if self.is_lean() {
+            return; // one cluster of LEAN_SPLITS blocks per group, whatever the others get
+        }
         let s = splits.clamp(1, self.params.splits);
         self.params.splits = s;
         self.config.grid[1] = s;
@@ -256,15 +262,22 @@ impl PreparedLaunch<QsSketchParams> {
         self.config.grid[0] as u64
     }
 
-    /// What [`abi::plan_shared_splits`] needs of this check: its groups, the splits it was
-    /// prepared with (its scratch's; narrowing only lowers them), and the bytes one group reads
-    /// over all its splits: W_R (K x kp f32, once per block) and its rows of A and D.
+    /// Whether this is the lean check (`qs_sketch_lean`: only it reads W_R in fragment order).
+    pub fn is_lean(&self) -> bool {
+        self.params.wfrag_ptr != 0
+    }
+
+    /// What [`abi::plan_shared_splits`] needs of this check: its groups, the splits it can run
+    /// with (at most those it was prepared with, its scratch's; a lean check exactly those), and
+    /// the bytes one group reads over all its splits: W_R (K x kp, 4 bytes each, once per block)
+    /// and its rows of A and D.
     pub fn split_demand(&self) -> abi::SplitDemand {
         let p = &self.params;
         let bytes = |code: u32| format_of(code).map_or(2, |f| f.bits().div_ceil(8) as u64);
         let rows = (p.rows_per_group as u64).min(p.rows.count).max(1);
         abi::SplitDemand {
             groups: self.groups(),
+            min_splits: if self.is_lean() { p.splits } else { 1 },
             max_splits: p.splits,
             bytes_per_group: p.g.k * p.kp as u64 * 4
                 + rows * (p.g.k * bytes(p.g.a.format) + p.g.n * bytes(p.g.d.format)),
@@ -336,8 +349,9 @@ impl GpuChecker {
         let info = runtime.current_device()?;
         let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
-        let lean =
-            lean_sketch_device(&info) && std::env::var("QUANTSHADOW_SKETCH_LEAN").map_or(true, |v| v != "0");
+        let lean_setting = std::env::var("QUANTSHADOW_SKETCH_LEAN").unwrap_or_default();
+        let lean = lean_sketch_device(&info) && lean_setting != "0";
+        let lean_in_graphs = lean && lean_setting == "graphs";
         let early = early_start_device(&info)
             && runtime.early_launch()
             && std::env::var("QUANTSHADOW_EARLY_START").is_ok_and(|v| v == "1");
@@ -348,6 +362,7 @@ impl GpuChecker {
             ring: Mutex::new(ring),
             pool: None,
             lean_sketch: AtomicBool::new(lean),
+            lean_in_graphs,
             early_start: AtomicBool::new(early),
         })
     }
@@ -905,8 +920,9 @@ impl GpuChecker {
 
     /// Whether a sketch check of `rows` rows of the call `g` prepared now takes `qs_sketch_lean`.
     /// `captured`: the check goes into a CUDA graph (stream capture or a graph branch), where it
-    /// keeps the general kernel: the lean kernel's thread-block clusters inside graphs are not
-    /// verified on a GPU yet (session 14 ran it eagerly only).
+    /// keeps the general kernel unless `QUANTSHADOW_SKETCH_LEAN=graphs`: the lean kernel's
+    /// thread-block clusters inside graphs are not verified on a GPU yet (session 14 ran it
+    /// eagerly only).
     pub fn sketch_takes_lean(
         &self,
         g: &QsGemmDesc,
@@ -914,7 +930,7 @@ impl GpuChecker {
         rows: u64,
         captured: bool,
     ) -> bool {
-        !captured
+        (!captured || self.lean_in_graphs)
             && self.lean_sketch()
             && weight.wfrag.is_some()
             && abi::lean_sketch_worthwhile(rows, g.n)
