@@ -276,10 +276,35 @@ QS_DEVICE qs_u32 qs_bf16x2_from_e4m3x2(qs_u32 two) {
 // A kernel the host launches to start before the grid ahead of it on its stream has finished
 // (`PreparedLaunch::early_start`) does its set-up that reads none of that grid's memory, then
 // waits here: the grid ahead has completed and its writes are visible after this. Returns at once
-// for an ordinary launch, and compiles to nothing elsewhere (HIP, CUDA before sm_90).
+// for an ordinary launch, and compiles to nothing elsewhere (HIP, CUDA before sm_90). Every block
+// of an early-started kernel must reach it before it exits: a kernel launched early behind ours
+// waits only for our grid, so ours must not end before the GEMM ahead of it.
 QS_DEVICE void qs_wait_prior_grid() {
 #if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets a kernel launched to start early behind this one start now (it still waits for this
+// grid's end before reading what it writes). Only the early-start selftest's late writer uses it:
+// the checks never let the production kernel after them start before they end.
+QS_DEVICE void qs_launch_dependents() {
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits about `ns` nanoseconds (CUDA: the global timer; elsewhere it returns at once).
+QS_DEVICE void qs_sleep_ns(qs_u64 ns) {
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    qs_u64 start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+#else
+    (void)ns;
 #endif
 }
 

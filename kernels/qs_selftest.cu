@@ -2,7 +2,8 @@
 // encoders, hash3 / probe signs / row permutation and the scale-entry mapping, written out so
 // the host can compare them bit for bit with formats.rs, rng.rs, sketch.rs and problem.rs.
 // No defines. Entries: qs_selftest_decode, qs_selftest_encode, qs_selftest_hash,
-// qs_selftest_scale_entry (one QsSelftestParams by value, any grid, any block size).
+// qs_selftest_scale_entry, qs_selftest_late_copy (one QsSelftestParams by value, any grid, any
+// block size).
 #include "qs_device.h"
 
 #define QS_FOR_EACH(i, n) for (qs_u64 i = (qs_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (qs_u64)gridDim.x * blockDim.x)
@@ -37,4 +38,13 @@ QS_GLOBAL void qs_selftest_scale_entry(QsSelftestParams P) {
     qs_u64* out = (qs_u64*)P.out_ptr;
     const QsScaleLookup s = qs_scale_lookup(P.scale);
     QS_FOR_EACH(i, P.n) out[i] = qs_scale_entry(s, in[3 * i], in[3 * i + 1], in[3 * i + 2]);
+}
+
+// The early-start selftest's kernel ahead of a check: lets kernels launched early behind it start
+// at once, waits `stream` ns, then copies n u32 words from in_ptr to out_ptr. A check started
+// early behind it must judge the words copied, never what out_ptr held before.
+QS_GLOBAL void qs_selftest_late_copy(QsSelftestParams P) {
+    qs_launch_dependents();
+    qs_sleep_ns(P.stream);
+    QS_FOR_EACH(i, P.n) ((qs_u32*)P.out_ptr)[i] = ((const qs_u32*)P.in_ptr)[i];
 }

@@ -1455,8 +1455,11 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
     __shared__ QsSketchSmem sm;  // one copy for the three probe-count instantiations
     QS_TM_BLOCK_START();
     // Not sampled on this replay: return before the counter protocol (nothing to undo).
+    // An early start: the production GEMM's A and D after this. First, so that every block
+    // waits whatever path it takes (a grid that ended before the GEMM would let a kernel that
+    // was launched early behind it read D too soon).
+    qs_wait_prior_grid();
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
-    qs_wait_prior_grid();  // an early start: the production GEMM's A and D after this
     qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_sketch_check_body<decltype(k)::V>(P, valid, sm); });
 }
 
@@ -1629,13 +1632,21 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     load_w(warp * UA);
     load_signs(warp * UD);
 
+    // Status bits found while drawing rows, published after the wait: before it, the site's
+    // previous check (whose status word this is) may not have landed its writes yet when the
+    // GEMM between was itself started early.
+    __shared__ qs_u32 s_row_flags;
+    static_assert(QS_LEAN_ROWS == QS_WARP_SIZE, "rows are drawn by warp 0");
     if (threadIdx.x < QS_LEAN_ROWS) {
+        if (threadIdx.x == 0) s_row_flags = 0;
+        __syncwarp();
+        const qs_u64 flags = (qs_u64)&s_row_flags;
         const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + threadIdx.x;
         QsLeanRow r;
         r.a = r.d = r.row = 0;
         r.active = r.reserved = 0;
         qs_u64 row = 0;
-        if (valid && t < P.rows.count && qs_rows_at(P.rows, epoch, t, &row, st)) {
+        if (valid && t < P.rows.count && qs_rows_at(P.rows, epoch, t, &row, flags)) {
             // One batch item (the usual case): no 64-bit division subroutines on the way to the
             // first row loads.
             const qs_u64 item = g.batch > 1 ? row / g.m : 0, i = g.batch > 1 ? row % g.m : row;
@@ -1644,9 +1655,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
             const qs_u64 a = g.a.ptr + af * AB, d = g.d.ptr + df * 2;
             r.row = row;
             if (af + g.k > g.a.extent || df + g.n > g.d.extent) {
-                qs_flag(st, QS_STATUS_OUT_OF_BOUNDS);
+                qs_flag(flags, QS_STATUS_OUT_OF_BOUNDS);
             } else if (((a | d) & 15u) != 0) {
-                qs_flag(st, QS_STATUS_BAD_DESCRIPTOR);
+                qs_flag(flags, QS_STATUS_BAD_DESCRIPTOR);
             } else {
                 r.a = a;
                 r.d = d;
@@ -1665,6 +1676,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // Everything above reads only this tool's memory (row epoch, W_R, signs); A, D, the scalars
     // and row biases may be the production GEMM's, which an early start may still be running.
     qs_wait_prior_grid();
+    if (threadIdx.x == 0 && s_row_flags != 0) qs_flag(st, s_row_flags);  // after the barrier above
 
     // ---- projections: this lane's row of tile nt is 8 nt + gq --------------------------------
     qs_u64 arow[NT], drow[NT];
@@ -1893,8 +1905,12 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS
                        g.k % 32 == 0 && g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
-    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
+    if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) {
+        qs_wait_prior_grid();  // every block waits for the GEMM ahead whatever its path
+        return;
+    }
     qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V>(P, valid, sm); });
+    qs_wait_prior_grid();  // returns at once after the body's wait; covers any path without it
 }
 #else
 // Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entry exists so that every

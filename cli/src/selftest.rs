@@ -15,7 +15,7 @@ use quantshadow_runtime::device::abi::{
     self, KernelBuild, QsGemmDesc, QsMatrixDesc, QsRowSel, QsScaleDesc, QsSelftestParams,
 };
 use quantshadow_runtime::device::cuda::CudaRuntime;
-use quantshadow_runtime::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker};
+use quantshadow_runtime::device::gpu::{early_start_device, CompareRequest, DeviceBuffer, GpuChecker};
 use quantshadow_runtime::device::{DeviceError, Stream};
 use quantshadow_runtime::formats::{Format, FormatClass};
 use quantshadow_runtime::metrics::{compare_logits, compare_matrix, MetricSums, Metrics};
@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// GPU sections to run, comma-separated (helpers, reference, compare, logits, sketch,
-    /// detached, inject, ring); all when absent.
+    /// detached, early, inject, ring); all when absent.
     #[arg(long, value_delimiter = ',', value_name = "SECTIONS")]
     pub only: Vec<String>,
 }
@@ -280,7 +280,7 @@ fn reference_cases(quick: bool) -> Vec<Case> {
 // GPU
 
 const GPU_SECTIONS: &[&str] =
-    &["helpers", "reference", "compare", "logits", "sketch", "detached", "inject", "ring"];
+    &["helpers", "reference", "compare", "logits", "sketch", "detached", "early", "inject", "ring"];
 
 fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outcome> {
     let run = |section: &str| only.is_empty() || only.iter().any(|o| o == section);
@@ -313,6 +313,9 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
     }
     if run("detached") {
         out.extend(gpu_sketch_detached(checker));
+    }
+    if run("early") {
+        out.extend(gpu_early_start(checker));
     }
     if run("inject") {
         out.extend(gpu_inject(checker));
@@ -1754,6 +1757,144 @@ fn detached_case(
             if mismatches.is_empty() { String::new() } else { format!("; {}", mismatches.join("; ")) }
         ),
         lean,
+    ))
+}
+
+/// Early starts (`QUANTSHADOW_EARLY_START`, programmatic dependent launch, CUDA sm_90+): a check,
+/// or a snapshot copy, launched to start before the kernel ahead of it on its stream finishes must
+/// still read what that kernel writes. Ahead of it, `qs_selftest_late_copy` lets it start at once,
+/// sleeps, and only then writes the honest D over a garbage one. The check (each kernel it can
+/// take) and the copy + check must judge the honest D, and must have started early. A control
+/// launches the same work on a second stream with no order at all: it must see the garbage, else
+/// the writer was not late enough for the run to show anything (reported as a failure).
+fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
+    if !early_start_device(&checker.info) || !checker.runtime().early_launch() {
+        return vec![outcome(
+            "early",
+            "early start",
+            true,
+            "not run: needs CUDA sm_90+ and a driver with cuLaunchKernelEx (never used here)",
+        )];
+    }
+    let (early_was, lean_was) = (checker.early_start(), checker.lean_sketch());
+    checker.set_early_start(true);
+    let mut out = Vec::new();
+    for lean in [false, true] {
+        if lean && !checker.set_lean_sketch(true) {
+            continue;
+        }
+        checker.set_lean_sketch(lean);
+        let name = if lean { "check on the stream [lean kernel]" } else { "check on the stream" };
+        out.push(early_case(checker, false).unwrap_or_else(|e| error_outcome("early", name, e)));
+    }
+    checker.set_lean_sketch(lean_was);
+    out.push(early_case(checker, true).unwrap_or_else(|e| error_outcome("early", "snapshot copy", e)));
+    checker.set_early_start(early_was);
+    out
+}
+
+/// One early-start case: the check on the stream (`copy` false, with the kernel the checker
+/// picks) or the detached snapshot copy followed by its check (`copy` true).
+fn early_case(checker: &GpuChecker, copy: bool) -> Result<Outcome, String> {
+    use quantshadow_runtime::device::snapshot::SnapshotLayout;
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    // 64 rows (the lean kernel takes 16 or more) of a bf16 1024 x 1024 layer.
+    let problem = scheme_problem("bf16", 64, 1024, 1024);
+    let inputs = random_inputs(&problem, 0xea71).map_err(|e| es(&e))?;
+    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: true, rows: None })
+        .map_err(|e| es(&e))?;
+    let f = problem.d.format;
+    let elems = (problem.m * problem.n) as usize;
+    let (mut honest, mut garbage) = (vec![0u8; f.bytes_for(elems)], vec![0u8; f.bytes_for(elems)]);
+    let mut rng = SplitMix64::new(0xbad);
+    for (i, v) in reference.values.iter().enumerate() {
+        f.store_code(&mut honest, i, f.encode(*v));
+        f.store_code(&mut garbage, i, f.encode(rng.normal()));
+    }
+    let (_keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
+    let honest_buf = checker.upload(&honest).map_err(|e| es(&e))?;
+    let d_buf = checker.upload(&garbage).map_err(|e| es(&e))?;
+    bufs.d = d_buf.ptr;
+    let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
+    let (seed, probes) = (0x0ea7, 32);
+    let weight = checker.sketch_weight(&g, f, f, seed, probes).map_err(|e| es(&e))?;
+    let sample = sketch::RowSample::new(seed, g.total_rows(), 256);
+    let scratch = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+    let epoch_buf = checker.alloc_zeroed(8).map_err(|e| es(&e))?;
+    let layout =
+        SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
+    let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
+    let rt = checker.runtime();
+    let (ahead, control) =
+        (rt.create_side_stream().map_err(|e| es(&e))?, rt.create_side_stream().map_err(|e| es(&e))?);
+    let build = KernelBuild::selftest();
+    // One block: the work behind it must find free SMs while it sleeps (200 us).
+    let late = QsSelftestParams {
+        in_ptr: honest_buf.ptr,
+        out_ptr: d_buf.ptr,
+        n: honest.len() as u64 / 4,
+        stream: 200_000,
+        ..Default::default()
+    };
+    let one_block = abi::LaunchConfig { grid: [1, 1, 1], block: [256, 1, 1], shared_bytes: 0 };
+    let lean = !copy && checker.sketch_takes_lean(&g, &weight, sample.count, false);
+    // Runs the work behind the late writer on `on`; returns (flagged, metrics, early launches).
+    let run = |on: Stream, tag: u64| -> Result<(bool, Metrics, u64), String> {
+        rt.copy_to_device_sync(d_buf.ptr, &garbage).map_err(|e| es(&e))?;
+        let before = checker.early_launches();
+        checker.launch(&build, "qs_selftest_late_copy", &one_block, &late, ahead).map_err(|e| es(&e))?;
+        if copy {
+            let (c, check) = checker
+                .prepare_detached(
+                    &g,
+                    &layout,
+                    QsRowSel::sample(&sample, 0, tag, false),
+                    snap.ptr,
+                    0,
+                    &weight,
+                    &scratch,
+                    (9, tag),
+                    false,
+                )
+                .map_err(|e| es(&e))?;
+            checker.launch_prepared(&c, on).map_err(|e| es(&e))?;
+            checker.launch_prepared(&check, on).map_err(|e| es(&e))?;
+        } else {
+            let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
+            let check = checker
+                .prepare_sketch_check(&g, rows, &weight, &scratch, f, f, (9, tag), false)
+                .map_err(|e| es(&e))?;
+            checker.launch_prepared(&check, on).map_err(|e| es(&e))?;
+        }
+        let early = checker.early_launches() - before;
+        rt.synchronize(on).map_err(|e| es(&e))?;
+        rt.synchronize(ahead).map_err(|e| es(&e))?;
+        // This run's slot (tag 9, tag2 = its tag): anything else in the ring is not ours.
+        let slot = std::iter::from_fn(|| checker.ring.lock().unwrap().poll())
+            .find(|slot| (slot.tag, slot.tag2) == (9, tag))
+            .ok_or("no result arrived")?;
+        let m = sketch::slot_metrics(&slot);
+        Ok((!Thresholds::default().judge(problem.class(), &m).is_empty(), m, early))
+    };
+    let (flagged, m, early) = run(ahead, 0)?;
+    let (control_flagged, cm, _) = run(control, 1)?;
+    let name = match (copy, lean) {
+        (true, _) => "snapshot copy, then its check",
+        (false, true) => "check on the stream [lean kernel]",
+        (false, false) => "check on the stream",
+    };
+    Ok(outcome(
+        "early",
+        name,
+        !flagged && early >= 1 && control_flagged,
+        format!(
+            "behind the late writer: cos {:.6} nmse {:.2e} ({}), {early} early launch(es); control on another stream: cos {:.4} ({})",
+            m.cosine,
+            m.nmse,
+            if flagged { "FLAGGED: read D before it was written" } else { "honest" },
+            cm.cosine,
+            if control_flagged { "garbage seen, as it must be" } else { "NOT flagged: the writer was not late enough, inconclusive" }
+        ),
     ))
 }
 

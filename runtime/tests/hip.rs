@@ -18,7 +18,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use quantshadow_runtime::device::hip::{HipLoadOptions, HipRuntime};
-use quantshadow_runtime::device::{DeviceError, Event, Function, GpuRuntime, Module, Stream, Vendor};
+use quantshadow_runtime::device::{
+    DeviceError, Event, Function, GpuRuntime, LaunchOrder, Module, Stream, Vendor,
+};
 
 // ---------------------------------------------------------------------------------------------
 // The fake HIP library.
@@ -579,7 +581,10 @@ fn modules_functions_and_launch_arguments() {
     let mut out_arg = out as usize as *mut u32;
     let mut params = [&mut out_arg as *mut *mut u32 as *mut c_void];
     // SAFETY: kernel_a takes one `unsigned*`; `params[0]` points at one, to 32 writable bytes.
-    unsafe { rt.launch(function, [2, 3, 4], [64, 1, 2], 128, Stream(0x55), &mut params).unwrap() };
+    unsafe {
+        rt.launch(function, [2, 3, 4], [64, 1, 2], 128, Stream(0x55), &mut params, LaunchOrder::InOrder)
+            .unwrap()
+    };
     let mut back = [0u8; 32];
     rt.copy_to_host_sync(&mut back, out).unwrap();
     let values: Vec<u32> = back.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect();

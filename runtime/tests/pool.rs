@@ -4,7 +4,8 @@
 
 use quantshadow_runtime::device::pool::{DevicePool, PoolError, POOL_ALIGN};
 use quantshadow_runtime::device::{
-    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, MappedHost, Module, Stream, Vendor,
+    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Module, Stream,
+    Vendor,
 };
 use quantshadow_runtime::rng::SplitMix64;
 use std::ffi::c_void;
@@ -85,6 +86,7 @@ impl GpuRuntime for CountingRuntime {
         _s: u32,
         _st: Stream,
         _p: &mut [*mut c_void],
+        _o: LaunchOrder,
     ) -> Result<(), DeviceError> {
         unsupported()
     }

@@ -1210,14 +1210,23 @@ pub fn lean_sketch_launch(rows: u64) -> Result<LaunchConfig, AbiError> {
 
 /// One of several sketch checks launched at once (a capture's deferred checks), for
 /// [`plan_shared_splits`]: its row groups, the fewest and most splits it can run with (the
-/// most: what its scratch holds; a lean check's cluster fixes both), and the bytes one group
-/// reads over all its splits.
+/// most: what its scratch holds; a lean check's cluster fixes both), the wave slots one of its
+/// blocks takes (a lean block occupies a whole SM: [`SKETCH_BLOCKS_PER_SM`]), and the bytes one
+/// group reads over all its splits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitDemand {
     pub groups: u64,
     pub min_splits: u32,
     pub max_splits: u32,
+    pub block_slots: u64,
     pub bytes_per_group: u64,
+}
+
+impl SplitDemand {
+    /// Wave slots one more split takes (a block per group).
+    fn split_cost(&self) -> u64 {
+        self.groups.max(1).saturating_mul(self.block_slots.max(1))
+    }
 }
 
 /// Splits for checks that run all at once in one resident wave of `wave` blocks: each check
@@ -1228,13 +1237,16 @@ pub struct SplitDemand {
 /// blocks: one split each (they take more than one wave whatever the split).
 pub fn plan_shared_splits(checks: &[SplitDemand], wave: u64) -> Vec<u32> {
     let mut splits: Vec<u32> = checks.iter().map(|c| c.min_splits.max(1)).collect();
-    let base: u64 = checks.iter().zip(&splits).map(|(c, &s)| c.groups.max(1) * s as u64).sum();
+    let base = checks
+        .iter()
+        .zip(&splits)
+        .fold(0u64, |t, (c, &s)| t.saturating_add(c.split_cost().saturating_mul(s as u64)));
     let mut left = wave.saturating_sub(base);
     loop {
         // The check whose blocks read the most and that can still take a split.
         let mut best: Option<usize> = None;
         for (i, c) in checks.iter().enumerate() {
-            if splits[i] >= c.max_splits.max(1) || c.groups.max(1) > left {
+            if splits[i] >= c.max_splits.max(1) || c.split_cost() > left {
                 continue;
             }
             // c / s > b / t  <=>  c t > b s (no division: exact for every size).
@@ -1248,7 +1260,7 @@ pub fn plan_shared_splits(checks: &[SplitDemand], wave: u64) -> Vec<u32> {
         }
         let Some(i) = best else { return splits };
         splits[i] += 1;
-        left -= checks[i].groups.max(1);
+        left -= checks[i].split_cost();
     }
 }
 
@@ -1516,6 +1528,7 @@ impl KernelBuild {
                 e("qs_selftest_encode"),
                 e("qs_selftest_hash"),
                 e("qs_selftest_scale_entry"),
+                e("qs_selftest_late_copy"),
             ],
         }
     }
@@ -1589,14 +1602,14 @@ mod tests {
     use super::*;
     use crate::problem::{Bias, Epilogue};
 
+    /// A general-kernel check for `plan_shared_splits`: one split at least, a block a slot.
+    fn general_demand(groups: u64, max_splits: u32, bytes_per_group: u64) -> SplitDemand {
+        SplitDemand { groups, min_splits: 1, max_splits, block_slots: 1, bytes_per_group }
+    }
+
     #[test]
     fn shared_splits_follow_the_bytes_each_check_reads() {
-        let d = |groups, max_splits, bytes_per_group| SplitDemand {
-            groups,
-            min_splits: 1,
-            max_splits,
-            bytes_per_group,
-        };
+        let d = general_demand;
         // One decode layer set of overhead_mlp.py 8 times (48 one-row checks, k = 32): four
         // 4096-deep checks, a 4096-deep one 14336 wide and a 14336-deep one, on 132 SMs.
         let layer = [
@@ -1623,12 +1636,7 @@ mod tests {
 
     #[test]
     fn shared_splits_respect_each_scratch_and_the_wave() {
-        let d = |groups, max_splits, bytes_per_group| SplitDemand {
-            groups,
-            min_splits: 1,
-            max_splits,
-            bytes_per_group,
-        };
+        let d = general_demand;
         // Capped by the scratch: the heavy check stops at 4, the rest goes to the light ones.
         assert_eq!(plan_shared_splits(&[d(1, 4, 1 << 30), d(1, 64, 1)], 20), vec![4, 16]);
         // A split costs a block per group: the 8-group check's second split takes 8 of the
@@ -1640,9 +1648,10 @@ mod tests {
         assert_eq!(plan_shared_splits(&[], 264), Vec::<u32>::new());
         // Equal checks split evenly.
         assert_eq!(plan_shared_splits(&[d(1, 64, 7); 4], 22), vec![6, 6, 5, 5]);
-        // A lean check's cluster fixes its splits; it still takes its blocks from the wave.
-        let lean = SplitDemand { groups: 2, min_splits: 8, max_splits: 8, bytes_per_group: 1 << 30 };
-        assert_eq!(plan_shared_splits(&[lean, d(1, 64, 7)], 30), vec![8, 14]);
+        // A lean check's cluster fixes its splits; its blocks, a whole SM each, take 2 slots.
+        let lean =
+            SplitDemand { groups: 2, min_splits: 8, max_splits: 8, block_slots: 2, bytes_per_group: 1 << 30 };
+        assert_eq!(plan_shared_splits(&[lean, d(1, 64, 7)], 46), vec![8, 14]);
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! cudarc's panic path. NVRTC is checked the same way, lazily, at the first compile.
 
 use super::{
-    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, GraphNode, MappedHost, Module, Stream,
-    Vendor,
+    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, GraphNode, LaunchOrder, MappedHost,
+    Module, Stream, Vendor,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nvrtc;
@@ -494,7 +494,41 @@ impl GpuRuntime for CudaRuntime {
         shared_bytes: u32,
         s: Stream,
         params: &mut [*mut c_void],
+        order: LaunchOrder,
     ) -> Result<(), DeviceError> {
+        if order == LaunchOrder::Early {
+            // Programmatic stream serialization: the kernel may start before the grid ahead.
+            if !self.early_launch {
+                return Err(DeviceError::SymbolMissing { lib: "libcuda", name: "cuLaunchKernelEx" });
+            }
+            // SAFETY: plain data; every field the driver reads is set below.
+            let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = cu::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block[0],
+                blockDimY: block[1],
+                blockDimZ: block[2],
+                sharedMemBytes: shared_bytes,
+                hStream: stream(s),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: early_launch implies the symbol; the caller guarantees params match the
+            // kernel's signature and that the kernel waits for the prior grid before reading what
+            // it writes (qs_wait_prior_grid).
+            return check("cuLaunchKernelEx", unsafe {
+                cu::cuLaunchKernelEx(
+                    &config,
+                    function.0 as cu::CUfunction,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            });
+        }
         // SAFETY: the caller guarantees params match the kernel's signature.
         check("cuLaunchKernel", unsafe {
             cu::cuLaunchKernel(
@@ -515,47 +549,6 @@ impl GpuRuntime for CudaRuntime {
 
     fn early_launch(&self) -> bool {
         self.early_launch
-    }
-
-    unsafe fn launch_early(
-        &self,
-        function: Function,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_bytes: u32,
-        s: Stream,
-        params: &mut [*mut c_void],
-    ) -> Result<(), DeviceError> {
-        if !self.early_launch {
-            return Err(DeviceError::SymbolMissing { lib: "libcuda", name: "cuLaunchKernelEx" });
-        }
-        // SAFETY: plain data; every field the driver reads is set below.
-        let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = cu::CUlaunchConfig {
-            gridDimX: grid[0],
-            gridDimY: grid[1],
-            gridDimZ: grid[2],
-            blockDimX: block[0],
-            blockDimY: block[1],
-            blockDimZ: block[2],
-            sharedMemBytes: shared_bytes,
-            hStream: stream(s),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: early_launch implies the symbol; the caller guarantees params match the
-        // kernel's signature and that the kernel waits for the prior grid before reading what
-        // it writes (qs_wait_prior_grid).
-        check("cuLaunchKernelEx", unsafe {
-            cu::cuLaunchKernelEx(
-                &config,
-                function.0 as cu::CUfunction,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
     }
 
     fn exchange_capture_mode(&self, mode: u32) -> Result<u32, DeviceError> {

@@ -12,7 +12,7 @@ use super::abi::{
 };
 use super::pool::{DevicePool, PoolBlock};
 use super::registry::{KernelRegistry, LoadedProgram};
-use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, MappedHost, Stream};
+use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, LaunchOrder, MappedHost, Stream};
 use crate::formats::Format;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -217,6 +217,8 @@ pub struct GpuChecker {
     /// with no GPU time left, so neither its correctness nor its gain has been measured on a GPU
     /// (docs/measurements/raw/2026-11-26-h100-early-start/exp41.sh is the run that will).
     early_start: AtomicBool,
+    /// Launches that started early (the selftest shows that the path ran).
+    early_launches: std::sync::atomic::AtomicU64,
 }
 
 /// Whether the device can start a kernel before the grid ahead of it finishes: CUDA sm_90 or
@@ -279,8 +281,14 @@ impl PreparedLaunch<QsSketchParams> {
             groups: self.groups(),
             min_splits: if self.is_lean() { p.splits } else { 1 },
             max_splits: p.splits,
-            bytes_per_group: p.g.k * p.kp as u64 * 4
-                + rows * (p.g.k * bytes(p.g.a.format) + p.g.n * bytes(p.g.d.format)),
+            block_slots: if self.is_lean() { abi::SKETCH_BLOCKS_PER_SM } else { 1 },
+            bytes_per_group: (p.g.k.saturating_mul(p.kp as u64 * 4)).saturating_add(
+                rows.saturating_mul(
+                    p.g.k
+                        .saturating_mul(bytes(p.g.a.format))
+                        .saturating_add(p.g.n.saturating_mul(bytes(p.g.d.format))),
+                ),
+            ),
         }
     }
 }
@@ -364,6 +372,7 @@ impl GpuChecker {
             lean_sketch: AtomicBool::new(lean),
             lean_in_graphs,
             early_start: AtomicBool::new(early),
+            early_launches: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -383,6 +392,11 @@ impl GpuChecker {
     /// Whether checks and copies prepared from now on start early (see [`GpuChecker`]).
     pub fn early_start(&self) -> bool {
         self.early_start.load(Ordering::Relaxed)
+    }
+
+    /// Launches so far that started early (launched with the programmatic-launch attribute).
+    pub fn early_launches(&self) -> u64 {
+        self.early_launches.load(Ordering::Relaxed)
     }
 
     /// Turns early starts on or off for launches prepared from now on; on only where the
@@ -479,6 +493,7 @@ impl GpuChecker {
                 config.shared_bytes,
                 stream,
                 &mut param_ptrs,
+                LaunchOrder::InOrder,
             )
         }
     }
@@ -491,25 +506,27 @@ impl GpuChecker {
     ) -> Result<(), DeviceError> {
         let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
         let c = &prepared.config;
-        let rt = &self.runtime;
+        let (rt, f, grid, block, shared) =
+            (&self.runtime, prepared.function, c.grid, c.block, c.shared_bytes);
         // SAFETY: the function was resolved for exactly this parameter type when prepared; an
         // early start is set only for kernels that wait for the prior grid (PreparedLaunch).
         unsafe {
-            if prepared.early_start && rt.early_launch() {
-                match rt.launch_early(
-                    prepared.function,
-                    c.grid,
-                    c.block,
-                    c.shared_bytes,
-                    stream,
-                    &mut param_ptrs,
-                ) {
-                    Ok(()) => return Ok(()),
-                    // Nothing was launched: the ordinary launch below stands in.
-                    Err(e) => tracing::debug!("early start refused, launching in order: {e}"),
+            if prepared.early_start && self.early_start() {
+                match rt.launch(f, grid, block, shared, stream, &mut param_ptrs, LaunchOrder::Early) {
+                    Ok(()) => {
+                        self.early_launches.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    // Nothing was launched: the ordinary launch below stands in, and so does
+                    // every later one (a refusal would repeat: two driver calls per check).
+                    Err(e) => {
+                        if self.early_start.swap(false, Ordering::Relaxed) {
+                            tracing::warn!("early start refused ({e}): checks launch in order from now on");
+                        }
+                    }
                 }
             }
-            rt.launch(prepared.function, c.grid, c.block, c.shared_bytes, stream, &mut param_ptrs)
+            rt.launch(f, grid, block, shared, stream, &mut param_ptrs, LaunchOrder::InOrder)
         }
     }
 

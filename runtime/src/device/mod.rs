@@ -102,6 +102,17 @@ pub enum DeviceError {
     Unsupported(String),
 }
 
+/// When a launched kernel may start, relative to the grid ahead of it on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchOrder {
+    /// Once the grid ahead has finished: an ordinary launch.
+    InOrder,
+    /// Possibly before it finishes (CUDA programmatic dependent launch, an "early start"). The
+    /// kernel waits for that grid before reading what it writes. Runtimes without it return
+    /// `Unsupported`, having launched nothing.
+    Early,
+}
+
 /// The vendor runtime operations the shadow engine needs, and only those.
 ///
 /// Implementations are thin: each method is one or two vendor calls with their status turned
@@ -164,7 +175,10 @@ pub trait GpuRuntime: Send + Sync {
     /// # Safety
     /// `params` must match the kernel's parameter list exactly (one pointer per parameter,
     /// each pointing at a value of the parameter's type), and every device pointer inside
-    /// must be valid for what the kernel reads and writes.
+    /// must be valid for what the kernel reads and writes. With [`LaunchOrder::Early`] the
+    /// kernel must also wait for the prior grid (`qs_wait_prior_grid`) in every block before
+    /// reading anything the work ahead of it on `stream` writes.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn launch(
         &self,
         function: Function,
@@ -173,32 +187,13 @@ pub trait GpuRuntime: Send + Sync {
         shared_bytes: u32,
         stream: Stream,
         params: &mut [*mut c_void],
+        order: LaunchOrder,
     ) -> Result<(), DeviceError>;
 
-    /// Whether [`GpuRuntime::launch_early`] is available (the device must also support it:
-    /// see `gpu::early_start_device`).
+    /// Whether [`LaunchOrder::Early`] launches are available (the device must also support
+    /// them: see `gpu::early_start_device`).
     fn early_launch(&self) -> bool {
         false
-    }
-
-    /// As [`GpuRuntime::launch`], but the kernel may start before the grid ahead of it on
-    /// `stream` has finished (CUDA programmatic dependent launch). Runtimes without it return
-    /// `Unsupported`, having launched nothing.
-    ///
-    /// # Safety
-    /// As [`GpuRuntime::launch`]; in addition the kernel must wait for the prior grid
-    /// (`qs_wait_prior_grid`) before reading anything the work ahead of it on `stream` writes.
-    unsafe fn launch_early(
-        &self,
-        function: Function,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_bytes: u32,
-        stream: Stream,
-        params: &mut [*mut c_void],
-    ) -> Result<(), DeviceError> {
-        let _ = (function, grid, block, shared_bytes, stream, params);
-        Err(DeviceError::Unsupported("early starts are not implemented for this runtime".into()))
     }
 
     fn is_capturing(&self, stream: Stream) -> Result<bool, DeviceError>;

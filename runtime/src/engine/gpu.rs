@@ -157,6 +157,13 @@ struct SiteGpu {
     /// Two streams running the same site at the same moment would share it (not seen in
     /// PyTorch or vLLM, where one layer's calls are stream-ordered).
     sketch_scratch: HashMap<u64, SketchScratch>,
+    /// Launch counters (device u64) of the device-side sampling gate of on-stream sketch checks,
+    /// per sampled-row count like the scratch: `qs_gate_take` divides the counter by the grid's
+    /// blocks, so every launch on one counter must have the same grid. Graphs captured at several
+    /// batch sizes put checks of different row counts (different grids) on one site; a shared
+    /// counter let the blocks of one launch disagree (wrong results with the general kernel, a
+    /// hang at a cluster barrier with the lean one).
+    sketch_gates: HashMap<u64, DeviceBuffer>,
     /// Per-site row epoch (device u64), advanced by the last kernel of each check.
     epoch: DeviceBuffer,
     /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
@@ -602,8 +609,8 @@ impl GpuBackend {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
             }
-            // [row epoch, launch counter of the device-side sampling gate]
-            let epoch = self.checker.alloc_zeroed(16).map_err(|e| Skip::new(pool_reason(&e)))?;
+            // The row epoch (u64).
+            let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
             // The poller tags results with the ordinal of their site.
             self.ordinals.lock().unwrap_or_else(|e| e.into_inner()).insert(req.site_id, req.site_ordinal);
             sites.insert(
@@ -612,6 +619,7 @@ impl GpuBackend {
                     weight_ptr: req.call.buffers.b,
                     weight: None,
                     sketch_scratch: HashMap::new(),
+                    sketch_gates: HashMap::new(),
                     epoch,
                     rows_state: HashMap::new(),
                     detached: HashMap::new(),
@@ -710,7 +718,12 @@ impl GpuBackend {
                 .checker
                 .sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
+            let gate = self
+                .checker
+                .alloc_zeroed(8)
+                .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
             site.sketch_scratch.insert(key, scratch);
+            site.sketch_gates.insert(key, gate);
         }
         let weight = site.weight.as_ref().expect("set above");
         let scratch = &site.sketch_scratch[&key];
@@ -719,9 +732,12 @@ impl GpuBackend {
             .checker
             .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq), capturing)
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
-        prepared.early_start &= !projected_now;
+        // A gated check (captured only) may end without waiting for the GEMM: never early.
+        prepared.early_start &= !projected_now && req.device_gate.is_none();
         if let Some(rule) = req.device_gate {
-            let gate = abi::DeviceGate::new(site.epoch.ptr + 8, rule.first, rule.every);
+            // Set up with the scratch, so always there; a missing one must not turn the gate off.
+            let counter = site.sketch_gates.get(&key).ok_or_else(|| Skip::new("sketch: no gate counter"))?;
+            let gate = abi::DeviceGate::new(counter.ptr, rule.first, rule.every);
             prepared.params.gate_ptr = gate.ptr;
             prepared.params.gate_first = gate.first;
             prepared.params.gate_every = gate.every;

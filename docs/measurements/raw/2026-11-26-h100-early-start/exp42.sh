@@ -17,7 +17,8 @@ t0=$SECONDS
 step() { echo "== $1 (t=$((SECONDS - t0))s)"; }
 md5sum .gpu/*/* | cut -c1-12,34-
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-step "selftest, early start on"
+step "selftest: early start behind a late writer, then the sketch and detached sections with it on"
+timeout 300 quantshadow selftest --only early 2>&1 | grep "| early\|passed"
 QUANTSHADOW_EARLY_START=1 timeout 300 quantshadow selftest --only sketch 2>&1 | grep -v "| pass |" | tail -8
 QUANTSHADOW_EARLY_START=1 timeout 200 quantshadow selftest --quick --only helpers,compare,logits,detached,ring 2>&1 | grep -v "| pass |" | tail -6
 step "torch_ops, early start on (eager checks and copies)"

@@ -22,7 +22,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use super::{
-    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, MappedHost, Module, Stream, Vendor,
+    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Module, Stream,
+    Vendor,
 };
 
 mod result;
@@ -476,7 +477,13 @@ impl GpuRuntime for HipRuntime {
         shared_bytes: u32,
         stream: Stream,
         params: &mut [*mut c_void],
+        order: LaunchOrder,
     ) -> Result<(), DeviceError> {
+        if order == LaunchOrder::Early {
+            return Err(DeviceError::Unsupported(
+                "HIP has no early starts (programmatic dependent launch)".into(),
+            ));
+        }
         let params = if params.is_empty() { std::ptr::null_mut() } else { params.as_mut_ptr() };
         // SAFETY: the caller guarantees `params` matches the kernel's parameters and that the
         // memory the kernel touches is valid; HIP validates the function and stream handles.
