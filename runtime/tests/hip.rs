@@ -589,6 +589,17 @@ fn modules_functions_and_launch_arguments() {
     rt.copy_to_host_sync(&mut back, out).unwrap();
     let values: Vec<u32> = back.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect();
     assert_eq!(values, [2, 3, 4, 64, 1, 2, 128, 0x55], "grid, block, shared bytes, stream in order");
+
+    // HIP has no early starts: refused before anything is launched (the output stays as it was).
+    assert!(!rt.early_launch());
+    rt.copy_to_device_sync(out, &[0u8; 32]).unwrap();
+    // SAFETY: as above; the early launch is refused before HIP sees it.
+    let early = unsafe {
+        rt.launch(function, [5, 1, 1], [32, 1, 1], 0, Stream(0x55), &mut params, LaunchOrder::Early)
+    };
+    assert!(matches!(early, Err(DeviceError::Unsupported(_))), "{early:?}");
+    rt.copy_to_host_sync(&mut back, out).unwrap();
+    assert_eq!(back, [0u8; 32], "nothing ran");
     // SAFETY: from malloc above, not used again.
     unsafe { rt.free(out).unwrap() };
 }
