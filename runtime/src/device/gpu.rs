@@ -210,7 +210,7 @@ pub struct GpuChecker {
     lean_sketch: AtomicBool,
     /// Captured checks (CUDA graphs) may take it too: `QUANTSHADOW_SKETCH_LEAN=graphs`, off by
     /// default until the lean kernel's clusters have run inside graphs on a GPU.
-    lean_in_graphs: bool,
+    lean_in_graphs: AtomicBool,
     /// Checks and snapshot copies that follow the production GEMM on its stream start early
     /// (programmatic dependent launch) where the device allows ([`early_start_device`] and the
     /// runtime's `early_launch`). Off unless `QUANTSHADOW_EARLY_START=1`: written in session 15
@@ -219,6 +219,69 @@ pub struct GpuChecker {
     early_start: AtomicBool,
     /// Launches that started early (the selftest shows that the path ran).
     early_launches: std::sync::atomic::AtomicU64,
+}
+
+/// Where sketch checks may take the lean kernel (`QUANTSHADOW_SKETCH_LEAN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeanUse {
+    /// `0`: always the general kernel.
+    Off,
+    /// `1` (default): outside CUDA graphs.
+    Eager,
+    /// `graphs`: captured checks too (not yet run on a GPU).
+    Graphs,
+}
+
+/// The kernel choices the environment may change, read and validated in one place for the
+/// shim (`engine::config`) and the GPU tools (`GpuChecker::new`); the device decides what
+/// it supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelChoices {
+    pub lean: LeanUse,
+    /// `QUANTSHADOW_EARLY_START=1` (default `0`): see [`GpuChecker`]'s `early_start`.
+    pub early_start: bool,
+}
+
+impl Default for KernelChoices {
+    fn default() -> Self {
+        KernelChoices { lean: LeanUse::Eager, early_start: false }
+    }
+}
+
+impl KernelChoices {
+    /// Reads both settings through `get`; a value that is not one of the documented ones is
+    /// named in the returned warnings and the default is used.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (KernelChoices, Vec<String>) {
+        let mut warnings = Vec::new();
+        let mut choices = KernelChoices::default();
+        if let Some(v) = get("QUANTSHADOW_SKETCH_LEAN").filter(|v| !v.trim().is_empty()) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "0" | "off" => choices.lean = LeanUse::Off,
+                "1" | "on" => choices.lean = LeanUse::Eager,
+                "graphs" => choices.lean = LeanUse::Graphs,
+                _ => warnings.push(format!("QUANTSHADOW_SKETCH_LEAN={v:?} is not 0, 1 or graphs; using 1")),
+            }
+        }
+        if let Some(v) = get("QUANTSHADOW_EARLY_START").filter(|v| !v.trim().is_empty()) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "0" | "off" => choices.early_start = false,
+                "1" | "on" => choices.early_start = true,
+                _ => warnings.push(format!("QUANTSHADOW_EARLY_START={v:?} is not 0 or 1; using 0")),
+            }
+        }
+        (choices, warnings)
+    }
+
+    /// For the session record: `sketch_lean` and `early_start` as set (the device may not
+    /// support them; the backend's start line says what it runs).
+    pub fn settings(&self) -> [(&'static str, &'static str); 2] {
+        let lean = match self.lean {
+            LeanUse::Off => "0",
+            LeanUse::Eager => "1",
+            LeanUse::Graphs => "graphs",
+        };
+        [("sketch_lean", lean), ("early_start", if self.early_start { "1" } else { "0" })]
+    }
 }
 
 /// Whether the device can start a kernel before the grid ahead of it finishes: CUDA sm_90 or
@@ -357,23 +420,28 @@ impl GpuChecker {
         let info = runtime.current_device()?;
         let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
-        let lean_setting = std::env::var("QUANTSHADOW_SKETCH_LEAN").unwrap_or_default();
-        let lean = lean_sketch_device(&info) && lean_setting != "0";
-        let lean_in_graphs = lean && lean_setting == "graphs";
-        let early = early_start_device(&info)
-            && runtime.early_launch()
-            && std::env::var("QUANTSHADOW_EARLY_START").is_ok_and(|v| v == "1");
-        Ok(GpuChecker {
+        // The environment's choices (the shim applies its validated copy again: `apply`).
+        let (choices, _) = KernelChoices::from_lookup(|k| std::env::var(k).ok());
+        let checker = GpuChecker {
             runtime,
             info,
             registry,
             ring: Mutex::new(ring),
             pool: None,
-            lean_sketch: AtomicBool::new(lean),
-            lean_in_graphs,
-            early_start: AtomicBool::new(early),
+            lean_sketch: AtomicBool::new(false),
+            lean_in_graphs: AtomicBool::new(false),
+            early_start: AtomicBool::new(false),
             early_launches: std::sync::atomic::AtomicU64::new(0),
-        })
+        };
+        checker.apply(choices);
+        Ok(checker)
+    }
+
+    /// Takes `choices` where the device supports them.
+    pub fn apply(&self, choices: KernelChoices) {
+        let lean = self.set_lean_sketch(choices.lean != LeanUse::Off);
+        self.lean_in_graphs.store(lean && choices.lean == LeanUse::Graphs, Ordering::Relaxed);
+        self.set_early_start(choices.early_start);
     }
 
     /// Whether sketch checks prepared from now on may take the lean kernel.
@@ -947,7 +1015,7 @@ impl GpuChecker {
         rows: u64,
         captured: bool,
     ) -> bool {
-        (!captured || self.lean_in_graphs)
+        (!captured || self.lean_in_graphs.load(Ordering::Relaxed))
             && self.lean_sketch()
             && weight.wfrag.is_some()
             && abi::lean_sketch_worthwhile(rows, g.n)

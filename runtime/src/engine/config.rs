@@ -1,6 +1,7 @@
 //! Configuration from the environment. An invalid value never aborts the host: it gives one
 //! clear log line and the safe default.
 
+use crate::device::gpu::KernelChoices;
 use crate::inject::InjectPlan;
 use crate::policy::Policy;
 use crate::record::CheckMode;
@@ -228,6 +229,8 @@ pub struct Config {
     /// diagnose); the report judges with its own (`--thresholds`).
     pub thresholds: Arc<Thresholds>,
     pub diagnose: DiagnoseMode,
+    /// `QUANTSHADOW_SKETCH_LEAN` and `QUANTSHADOW_EARLY_START` (GPU kernel choices).
+    pub kernels: KernelChoices,
     /// Problems with the environment, logged once at start.
     pub warnings: Vec<String>,
 }
@@ -398,6 +401,8 @@ impl Config {
                 }
             },
         };
+        let (kernels, mut kernel_warnings) = KernelChoices::from_lookup(&get);
+        bad.append(&mut kernel_warnings);
         warnings.append(&mut bad);
         Config {
             mode,
@@ -420,6 +425,7 @@ impl Config {
             policy,
             thresholds: Arc::new(thresholds),
             diagnose,
+            kernels,
             warnings,
         }
     }
@@ -447,6 +453,9 @@ impl Config {
             ("diagnose".into(), self.diagnose.name().into()),
             ("inject".into(), self.inject.as_ref().map_or("none".into(), |p| p.spec_string())),
         ]
+        .into_iter()
+        .chain(self.kernels.settings().into_iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
     }
 }
 
@@ -458,6 +467,38 @@ mod tests {
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn kernel_choices_are_validated_and_recorded() {
+        use crate::device::gpu::{KernelChoices, LeanUse};
+        let setting =
+            |c: &Config, k: &str| c.settings().into_iter().find(|(key, _)| key == k).map(|(_, v)| v);
+        let d = cfg(&[]);
+        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false });
+        assert_eq!(
+            (setting(&d, "sketch_lean").as_deref(), setting(&d, "early_start").as_deref()),
+            (Some("1"), Some("0"))
+        );
+        let c = cfg(&[("QUANTSHADOW_SKETCH_LEAN", " Graphs "), ("QUANTSHADOW_EARLY_START", "1")]);
+        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true });
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(setting(&c, "sketch_lean").as_deref(), Some("graphs"));
+        assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_LEAN", "0")]).kernels.lean, LeanUse::Off);
+        // A typo is named, and the default stands (the lean kernel on, early starts off).
+        let bad = cfg(&[("QUANTSHADOW_SKETCH_LEAN", "graph"), ("QUANTSHADOW_EARLY_START", "yes")]);
+        assert_eq!(bad.kernels, KernelChoices::default());
+        assert_eq!(bad.warnings.len(), 2, "{:?}", bad.warnings);
+        assert!(
+            bad.warnings[0].contains("QUANTSHADOW_SKETCH_LEAN=\"graph\" is not 0, 1 or graphs"),
+            "{:?}",
+            bad.warnings
+        );
+        assert!(
+            bad.warnings[1].contains("QUANTSHADOW_EARLY_START=\"yes\" is not 0 or 1"),
+            "{:?}",
+            bad.warnings
+        );
     }
 
     #[test]

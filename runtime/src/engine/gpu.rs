@@ -47,6 +47,8 @@ pub struct GpuSettings {
     /// Eager checks may run off the caller's stream (`QUANTSHADOW_SIDE_STREAM` decided for the
     /// sampling rule, see `config::SideStreamUse`). Without it the backend has no side stream.
     pub side_stream: bool,
+    /// Lean kernel and early starts (`QUANTSHADOW_SKETCH_LEAN`, `QUANTSHADOW_EARLY_START`).
+    pub kernels: crate::device::gpu::KernelChoices,
 }
 
 /// Whether a GPU runtime library is mapped into this process.
@@ -481,6 +483,7 @@ impl GpuBackend {
         s: &GpuSettings,
     ) -> Result<GpuBackend, String> {
         let checker = GpuChecker::new(runtime.clone(), s.ring_capacity).map_err(err)?;
+        checker.apply(s.kernels);
         let pool = DevicePool::reserve(runtime.clone(), s.pool_bytes).map_err(err)?;
         let checker = Arc::new(checker.with_pool(pool));
         let (tx, rx) = mpsc::channel::<KernelBuild>();

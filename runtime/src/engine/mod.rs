@@ -214,6 +214,7 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
         sketch_detach: config.sketch_detach,
         graph_select: config.graph_select,
         side_stream: config.side_stream.enabled_for(config.sampling, config.mode),
+        kernels: config.kernels,
     };
     match config.device {
         DeviceChoice::Cuda => {
