@@ -2,8 +2,8 @@
 // encoders, hash3 / probe signs / row permutation and the scale-entry mapping, written out so
 // the host can compare them bit for bit with formats.rs, rng.rs, sketch.rs and problem.rs.
 // No defines. Entries: qs_selftest_decode, qs_selftest_encode, qs_selftest_hash,
-// qs_selftest_scale_entry, qs_selftest_late_copy (one QsSelftestParams by value, any grid, any
-// block size).
+// qs_selftest_scale_entry, qs_selftest_late_copy, qs_selftest_early_probe (one QsSelftestParams by
+// value, any grid, any block size).
 #include "qs_device.h"
 
 #define QS_FOR_EACH(i, n) for (qs_u64 i = (qs_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (qs_u64)gridDim.x * blockDim.x)
@@ -47,4 +47,22 @@ QS_GLOBAL void qs_selftest_late_copy(QsSelftestParams P) {
     qs_launch_dependents();
     qs_sleep_ns(P.stream);
     QS_FOR_EACH(i, P.n) ((qs_u32*)P.out_ptr)[i] = ((const qs_u32*)P.in_ptr)[i];
+}
+
+// Whether an early start takes effect: launched early behind the late writer, block 0 stores the
+// global timer before and after its wait at out_ptr[0], out_ptr[1] (ns). Started early, the two
+// are the writer's remaining sleep apart; started in order, about nothing.
+QS_GLOBAL void qs_selftest_early_probe(QsSelftestParams P) {
+    qs_u64 before = 0, after = 0;
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(before));
+#endif
+    qs_wait_prior_grid();
+#if defined(QS_CUDA) && defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(after));
+#endif
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        ((qs_u64*)P.out_ptr)[0] = before;
+        ((qs_u64*)P.out_ptr)[1] = after;
+    }
 }

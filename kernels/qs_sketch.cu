@@ -56,7 +56,10 @@ QS_DEVICE void qs_for_kp(qs_u32 kp, qs_u64 status_ptr, F&& body) {
 #if !defined(QS_SKETCH_KP) || QS_SKETCH_KP == 32
         case 32: body(QsKp<32>{}); break;
 #endif
-        default: qs_flag(status_ptr, QS_STATUS_BAD_DESCRIPTOR); break;
+        default:
+            qs_wait_prior_grid();  // an early-started caller waits before any write, this one too
+            qs_flag(status_ptr, QS_STATUS_BAD_DESCRIPTOR);
+            break;
     }
 }
 

@@ -1763,10 +1763,13 @@ fn detached_case(
 /// Early starts (`QUANTSHADOW_EARLY_START`, programmatic dependent launch, CUDA sm_90+): a check,
 /// or a snapshot copy, launched to start before the kernel ahead of it on its stream finishes must
 /// still read what that kernel writes. Ahead of it, `qs_selftest_late_copy` lets it start at once,
-/// sleeps, and only then writes the honest D over a garbage one. The check (each kernel it can
-/// take) and the copy + check must judge the honest D, and must have started early. A control
-/// launches the same work on a second stream with no order at all: it must see the garbage, else
-/// the writer was not late enough for the run to show anything (reported as a failure).
+/// sleeps, and only then writes the honest D over a garbage one.
+/// - A probe launched early behind the writer, on a side stream and on the legacy default stream
+///   (PyTorch's), times its own wait: started early, it waits out the writer's sleep.
+/// - The check (each kernel it can take) and the copy + check must judge the honest D, having
+///   started early. A control launches the same work on a second stream with no order at all: it
+///   must see the garbage, else the writer was not late enough for the run to show anything
+///   (reported as a failure).
 fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
     if !early_start_device(&checker.info) || !checker.runtime().early_launch() {
         return vec![outcome(
@@ -1776,29 +1779,125 @@ fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
             "not run: needs CUDA sm_90+ and a driver with cuLaunchKernelEx (never used here)",
         )];
     }
+    let rt = checker.runtime();
+    let streams = rt.create_side_stream().and_then(|a| Ok((a, rt.create_side_stream()?)));
+    let Ok((ahead, control)) = streams else {
+        return vec![error_outcome("early", "side streams", "could not create two streams")];
+    };
     let (early_was, lean_was) = (checker.early_start(), checker.lean_sketch());
     checker.set_early_start(true);
-    let mut out = Vec::new();
-    for lean in [false, true] {
+    let probe = |stream, name: &str| {
+        let case = format!("early start takes effect on {name}");
+        early_probe(checker, stream, &case).unwrap_or_else(|e| error_outcome("early", case, e))
+    };
+    let mut out = vec![probe(ahead, "a side stream")];
+    for (lean, tag) in [(false, 0xea01), (true, 0xea02)] {
         if lean && !checker.set_lean_sketch(true) {
             continue;
         }
         checker.set_lean_sketch(lean);
         let name = if lean { "check on the stream [lean kernel]" } else { "check on the stream" };
-        out.push(early_case(checker, false).unwrap_or_else(|e| error_outcome("early", name, e)));
+        out.push(
+            early_case(checker, (ahead, control), false, lean, tag)
+                .unwrap_or_else(|e| error_outcome("early", name, e)),
+        );
     }
     checker.set_lean_sketch(lean_was);
-    out.push(early_case(checker, true).unwrap_or_else(|e| error_outcome("early", "snapshot copy", e)));
+    out.push(
+        early_case(checker, (ahead, control), true, false, 0xea03)
+            .unwrap_or_else(|e| error_outcome("early", "snapshot copy, then its check", e)),
+    );
+    // Last: a driver refusing early starts there turns them off for what follows.
+    out.push(probe(Stream::default(), "the legacy default stream (PyTorch's default)"));
     checker.set_early_start(early_was);
     out
 }
 
-/// One early-start case: the check on the stream (`copy` false, with the kernel the checker
-/// picks) or the detached snapshot copy followed by its check (`copy` true).
-fn early_case(checker: &GpuChecker, copy: bool) -> Result<Outcome, String> {
+/// The late writer's sleep before it writes, ns.
+const LATE_WRITER_NS: u64 = 200_000;
+
+/// The late writer (one block: the work behind it must find free SMs while it sleeps).
+fn launch_late_writer(
+    checker: &GpuChecker,
+    from: u64,
+    to: u64,
+    words: u64,
+    on: Stream,
+) -> Result<(), String> {
+    let late = QsSelftestParams {
+        in_ptr: from,
+        out_ptr: to,
+        n: words,
+        stream: LATE_WRITER_NS,
+        ..Default::default()
+    };
+    let one_block = abi::LaunchConfig { grid: [1, 1, 1], block: [256, 1, 1], shared_bytes: 0 };
+    checker
+        .launch(&KernelBuild::selftest(), "qs_selftest_late_copy", &one_block, &late, on)
+        .map_err(|e| e.to_string())
+}
+
+/// The probe behind the late writer on `on`: how long its wait took.
+fn early_probe(checker: &GpuChecker, on: Stream, case: &str) -> Result<Outcome, String> {
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    let (src, dst, times) = (
+        checker.upload(&[7u8; 256]).map_err(|e| es(&e))?,
+        checker.alloc(256).map_err(|e| es(&e))?,
+        checker.alloc_zeroed(16).map_err(|e| es(&e))?,
+    );
+    let rt = checker.runtime();
+    rt.synchronize(Stream::default()).map_err(|e| es(&e))?; // the uploads landed
+    let params = QsSelftestParams { out_ptr: times.ptr, ..Default::default() };
+    let cfg = abi::LaunchConfig { grid: [1, 1, 1], block: [32, 1, 1], shared_bytes: 0 };
+    let mut probe = checker
+        .prepare_kernel(&KernelBuild::selftest(), "qs_selftest_early_probe", cfg, params)
+        .map_err(|e| es(&e))?;
+    probe.early_start = true;
+    let before = checker.early_launches();
+    let launched = launch_late_writer(checker, src.ptr, dst.ptr, 64, on)
+        .and_then(|()| checker.launch_prepared(&probe, on).map_err(|e| es(&e)));
+    let synced = rt.synchronize(on).map_err(|e| es(&e));
+    launched?;
+    synced?;
+    let t: Vec<u64> = times
+        .read()
+        .map_err(|e| es(&e))?
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let waited_us = t[1].saturating_sub(t[0]) as f64 / 1e3;
+    let early = checker.early_launches() - before;
+    Ok(outcome(
+        "early",
+        case,
+        early == 1 && waited_us > LATE_WRITER_NS as f64 / 1e3 / 2.0,
+        format!(
+            "the probe waited {waited_us:.1} us for the writer's {} us sleep ({}); {early} early launch(es)",
+            LATE_WRITER_NS / 1000,
+            if waited_us > LATE_WRITER_NS as f64 / 2e3 {
+                "it started early"
+            } else {
+                "it started after the writer: no early start"
+            }
+        ),
+    ))
+}
+
+/// One early-start case: the check on the stream (`copy` false, the lean kernel if `lean`) or
+/// the detached snapshot copy followed by its check (`copy` true), behind the late writer on
+/// `streams.0`, then the same on `streams.1` with no order (the control). `tag`: the ring tag.
+fn early_case(
+    checker: &GpuChecker,
+    streams: (Stream, Stream),
+    copy: bool,
+    lean: bool,
+    tag: u64,
+) -> Result<Outcome, String> {
     use quantshadow_runtime::device::snapshot::SnapshotLayout;
     let es = |e: &dyn std::fmt::Display| e.to_string();
-    // 64 rows (the lean kernel takes 16 or more) of a bf16 1024 x 1024 layer.
+    let (ahead, control) = streams;
+    // 64 rows of a bf16 1024 x 1024 layer, 32 sampled per call (the lean kernel takes 16 or
+    // more): rows drawn from the device epoch, as the shim's checks do.
     let problem = scheme_problem("bf16", 64, 1024, 1024);
     let inputs = random_inputs(&problem, 0xea71).map_err(|e| es(&e))?;
     let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: true, rows: None })
@@ -1818,66 +1917,40 @@ fn early_case(checker: &GpuChecker, copy: bool) -> Result<Outcome, String> {
     let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
     let (seed, probes) = (0x0ea7, 32);
     let weight = checker.sketch_weight(&g, f, f, seed, probes).map_err(|e| es(&e))?;
-    let sample = sketch::RowSample::new(seed, g.total_rows(), 256);
+    let sample = sketch::RowSample::new(seed, g.total_rows(), 32);
     let scratch = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
     let epoch_buf = checker.alloc_zeroed(8).map_err(|e| es(&e))?;
     let layout =
         SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
     let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
+    let took_lean = !copy && checker.sketch_takes_lean(&g, &weight, sample.count, false);
     let rt = checker.runtime();
-    let (ahead, control) =
-        (rt.create_side_stream().map_err(|e| es(&e))?, rt.create_side_stream().map_err(|e| es(&e))?);
-    let build = KernelBuild::selftest();
-    // One block: the work behind it must find free SMs while it sleeps (200 us).
-    let late = QsSelftestParams {
-        in_ptr: honest_buf.ptr,
-        out_ptr: d_buf.ptr,
-        n: honest.len() as u64 / 4,
-        stream: 200_000,
-        ..Default::default()
-    };
-    let one_block = abi::LaunchConfig { grid: [1, 1, 1], block: [256, 1, 1], shared_bytes: 0 };
-    let lean = !copy && checker.sketch_takes_lean(&g, &weight, sample.count, false);
     // Runs the work behind the late writer on `on`; returns (flagged, metrics, early launches).
-    let run = |on: Stream, tag: u64| -> Result<(bool, Metrics, u64), String> {
+    let run = |on: Stream, call: u64| -> Result<(bool, Metrics, u64), String> {
         rt.copy_to_device_sync(d_buf.ptr, &garbage).map_err(|e| es(&e))?;
-        let before = checker.early_launches();
-        checker.launch(&build, "qs_selftest_late_copy", &one_block, &late, ahead).map_err(|e| es(&e))?;
-        if copy {
+        let writer = (honest_buf.ptr, d_buf.ptr, honest.len() as u64 / 4);
+        // Prepared first: nothing on the host between the writer's launch and the work's.
+        let early = if copy {
+            let rows = QsRowSel::sample(&sample, 0, call, false);
             let (c, check) = checker
-                .prepare_detached(
-                    &g,
-                    &layout,
-                    QsRowSel::sample(&sample, 0, tag, false),
-                    snap.ptr,
-                    0,
-                    &weight,
-                    &scratch,
-                    (9, tag),
-                    false,
-                )
+                .prepare_detached(&g, &layout, rows, snap.ptr, 0, &weight, &scratch, (tag, call), false)
                 .map_err(|e| es(&e))?;
-            checker.launch_prepared(&c, on).map_err(|e| es(&e))?;
-            checker.launch_prepared(&check, on).map_err(|e| es(&e))?;
+            run_behind_writer(checker, writer, on, ahead, |on| {
+                checker.launch_prepared(&c, on)?;
+                checker.launch_prepared(&check, on)
+            })?
         } else {
             let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
             let check = checker
-                .prepare_sketch_check(&g, rows, &weight, &scratch, f, f, (9, tag), false)
+                .prepare_sketch_check(&g, rows, &weight, &scratch, f, f, (tag, call), false)
                 .map_err(|e| es(&e))?;
-            checker.launch_prepared(&check, on).map_err(|e| es(&e))?;
-        }
-        let early = checker.early_launches() - before;
-        rt.synchronize(on).map_err(|e| es(&e))?;
-        rt.synchronize(ahead).map_err(|e| es(&e))?;
-        // This run's slot (tag 9, tag2 = its tag): anything else in the ring is not ours.
-        let slot = std::iter::from_fn(|| checker.ring.lock().unwrap().poll())
-            .find(|slot| (slot.tag, slot.tag2) == (9, tag))
-            .ok_or("no result arrived")?;
-        let m = sketch::slot_metrics(&slot);
-        Ok((!Thresholds::default().judge(problem.class(), &m).is_empty(), m, early))
+            run_behind_writer(checker, writer, on, ahead, |on| checker.launch_prepared(&check, on))?
+        };
+        judge_slot(checker, &problem, (tag, call), sample.count, early)
     };
     let (flagged, m, early) = run(ahead, 0)?;
     let (control_flagged, cm, _) = run(control, 1)?;
+    let one_queue = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").is_ok_and(|v| v.trim() == "1");
     let name = match (copy, lean) {
         (true, _) => "snapshot copy, then its check",
         (false, true) => "check on the stream [lean kernel]",
@@ -1886,16 +1959,66 @@ fn early_case(checker: &GpuChecker, copy: bool) -> Result<Outcome, String> {
     Ok(outcome(
         "early",
         name,
-        !flagged && early >= 1 && control_flagged,
+        !flagged && early >= 1 && control_flagged && took_lean == lean,
         format!(
-            "behind the late writer: cos {:.6} nmse {:.2e} ({}), {early} early launch(es); control on another stream: cos {:.4} ({})",
+            "behind the late writer: cos {:.6} nmse {:.2e} ({}), {early} early launch(es), {} kernel; control on another stream: cos {:.4} ({})",
             m.cosine,
             m.nmse,
             if flagged { "FLAGGED: read D before it was written" } else { "honest" },
+            if took_lean { "lean" } else if copy { "general (over the snapshot)" } else { "general" },
             cm.cosine,
-            if control_flagged { "garbage seen, as it must be" } else { "NOT flagged: the writer was not late enough, inconclusive" }
+            match (control_flagged, one_queue) {
+                (true, _) => "garbage seen, as it must be",
+                (false, true) => "NOT flagged: CUDA_DEVICE_MAX_CONNECTIONS=1 queues it behind the writer; inconclusive",
+                (false, false) => "NOT flagged: the writer was not late enough; inconclusive",
+            }
         ),
     ))
+}
+
+/// The late writer on `ahead` (copying `words` u32 from `honest.0` to `honest.1`), then `work`
+/// on `on`; waits for both streams whatever happened (nothing may still run on buffers the
+/// caller frees). Returns the early launches `work` made.
+fn run_behind_writer(
+    checker: &GpuChecker,
+    honest: (u64, u64, u64),
+    on: Stream,
+    ahead: Stream,
+    work: impl FnOnce(Stream) -> Result<(), DeviceError>,
+) -> Result<u64, String> {
+    let rt = checker.runtime();
+    // The garbage D and every set-up copy landed before the side streams start.
+    rt.synchronize(Stream::default()).map_err(|e| e.to_string())?;
+    let before = checker.early_launches();
+    let launched = launch_late_writer(checker, honest.0, honest.1, honest.2, ahead)
+        .and_then(|()| work(on).map_err(|e| e.to_string()));
+    let early = checker.early_launches() - before;
+    let synced = rt.synchronize(on).and_then(|()| rt.synchronize(ahead)).map_err(|e| e.to_string());
+    launched?;
+    synced?;
+    Ok(early)
+}
+
+/// The ring slot tagged `tag` (anything else in the ring is not this run's), judged: (flagged,
+/// metrics, early launches). A slot that is not valid or did not check `rows` rows is an error.
+fn judge_slot(
+    checker: &GpuChecker,
+    problem: &GemmProblem,
+    tag: (u64, u64),
+    rows: u64,
+    early: u64,
+) -> Result<(bool, Metrics, u64), String> {
+    let slot = std::iter::from_fn(|| checker.ring.lock().unwrap().poll())
+        .find(|slot| (slot.tag, slot.tag2) == tag)
+        .ok_or("no result arrived")?;
+    if !sketch::slot_is_valid(&slot) || slot.rows_checked != rows {
+        return Err(format!(
+            "slot not valid (status {:#x}, {} rows checked of {rows})",
+            slot.status, slot.rows_checked
+        ));
+    }
+    let m = sketch::slot_metrics(&slot);
+    Ok((!Thresholds::default().judge(problem.class(), &m).is_empty(), m, early))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1529,6 +1529,7 @@ impl KernelBuild {
                 e("qs_selftest_hash"),
                 e("qs_selftest_scale_entry"),
                 e("qs_selftest_late_copy"),
+                e("qs_selftest_early_probe"),
             ],
         }
     }

@@ -421,7 +421,10 @@ impl GpuChecker {
         let registry = KernelRegistry::new(runtime.as_ref(), &info.arch)?;
         let ring = ResultRing::new(runtime.clone(), ring_capacity)?;
         // The environment's choices (the shim applies its validated copy again: `apply`).
-        let (choices, _) = KernelChoices::from_lookup(|k| std::env::var(k).ok());
+        let (choices, warnings) = KernelChoices::from_lookup(|k| std::env::var(k).ok());
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
         let checker = GpuChecker {
             runtime,
             info,
@@ -657,7 +660,7 @@ impl GpuChecker {
     ) -> Result<(PreparedLaunch<abi::QsSnapParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
         let (a, b, d) = (format_of(g.a.format)?, format_of(g.b.format)?, format_of(g.d.format)?);
         let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
-        let copy = self.prepare(
+        let copy = self.prepare_kernel(
             &build,
             &format!(
                 "qs_sketch_snap_{}{}_{}",
@@ -688,7 +691,10 @@ impl GpuChecker {
         Ok((copy, check))
     }
 
-    fn prepare<P: KernelParams>(
+    /// `entry` of `build` resolved once with `params`, to launch with [`Self::launch_prepared`]
+    /// (an early start only where the caller sets `early_start` and the kernel waits for the
+    /// grid ahead before reading what it writes).
+    pub fn prepare_kernel<P: KernelParams>(
         &self,
         build: &KernelBuild,
         entry: &str,
@@ -757,7 +763,7 @@ impl GpuChecker {
             Some(_) => format!("qs_compare_logits_{}", d_format.name()),
             None => format!("qs_compare_{}", d_format.name()),
         };
-        self.prepare(&build, &entry, scratch.geometry.launch, params)
+        self.prepare_kernel(&build, &entry, scratch.geometry.launch, params)
     }
 
     /// Full or rows reference into `out` (f32, `out_ld` per row), rounded to D's format when
@@ -988,12 +994,16 @@ impl GpuChecker {
             params.splits = abi::LEAN_SPLITS as u32;
             params.rows_per_group = abi::LEAN_ROWS as u32;
             let launch = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
-            let mut lean =
-                self.prepare(&build, &format!("qs_sketch_lean_{}_{}", a.name(), d.name()), launch, params)?;
+            let mut lean = self.prepare_kernel(
+                &build,
+                &format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
+                launch,
+                params,
+            )?;
             lean.early_start = !captured && self.early_start();
             return Ok(lean);
         }
-        let mut check = self.prepare(
+        let mut check = self.prepare_kernel(
             &build,
             &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
             scratch.geometry.launch,
