@@ -49,7 +49,7 @@ for v in base main; do
 done
 step "per call behind cuBLAS (us): M 512 and 4096, 3 shapes"
 shim() { LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all "$@"; }
-g() { timeout 200 python3 tests/gpu/overhead_gemm.py --m 512,4096 --shapes 3 2>/dev/null | sed "s/^/$1 /"; }
+g() { timeout 200 python3 tests/gpu/overhead_gemm.py --m 512,4096 --shapes 3 2>/dev/null | sed "s/^/$1 /" | tee -a $OUT/gemm.log; }
 for r in 1 2; do
   g "r$r plain"
   QUANTSHADOW_SKETCH_DETACH=off QUANTSHADOW_EARLY_START=1 shim g "r$r stream_early"
@@ -57,6 +57,7 @@ for r in 1 2; do
   QUANTSHADOW_SKETCH_DETACH=on QUANTSHADOW_EARLY_START=1 shim g "r$r detach_early"
   QUANTSHADOW_SKETCH_DETACH=on QUANTSHADOW_EARLY_START=0 shim g "r$r detach_order"
 done
+python3 tests/gpu/early_table.py $OUT/gemm.log
 step "issue 4: Llama 8b-width prefill (1024 tokens)"
 pp() { timeout 150 python3 tests/gpu/graph_profile.py "$@" 2>&1 | grep -m1 "without the profiler"; }
 shim pp warm-up --prefill --llama 8b-width >/dev/null
