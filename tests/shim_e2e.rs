@@ -209,6 +209,24 @@ fn invalid_environment_gives_one_line_and_safe_defaults() {
 }
 
 #[test]
+fn kernel_choices_are_validated_and_early_starts_reported() {
+    let plain = fixture("linear", &[], false);
+    // A typo is named once and changes nothing the program sees.
+    let out =
+        fixture("linear", &[("QUANTSHADOW_SKETCH_LEAN", "graph"), ("QUANTSHADOW_EARLY_START", "yes")], true);
+    assert_eq!(stdout(&out), stdout(&plain));
+    let err = stderr(&out);
+    assert_eq!(err.matches("QUANTSHADOW_SKETCH_LEAN=\"graph\" is not 0, 1 or graphs").count(), 1, "{err}");
+    assert_eq!(err.matches("QUANTSHADOW_EARLY_START=\"yes\" is not 0 or 1").count(), 1, "{err}");
+    assert!(!err.contains("early start:"), "off: no early-start line: {err}");
+    // Asked for where it cannot happen (the host device): the closing lines say none started.
+    let out = fixture("linear", &[("QUANTSHADOW_EARLY_START", "1"), ("QUANTSHADOW_LOG", "info")], true);
+    assert_eq!(stdout(&out), stdout(&plain));
+    let err = stderr(&out);
+    assert!(err.contains("early start: 0 launches started early (none: not supported here"), "{err}");
+}
+
+#[test]
 fn mode_off_is_inert() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("never.qsr");

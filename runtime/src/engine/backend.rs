@@ -154,6 +154,11 @@ pub trait Backend: Send + Sync {
     fn dropped(&self) -> u64 {
         0
     }
+    /// Checks and copies launched to start early (`QUANTSHADOW_EARLY_START`), for the closing
+    /// line: shows whether the setting took effect on this device.
+    fn early_launches(&self) -> u64 {
+        0
+    }
     /// Before the real call: rewrites the inputs named by `request.before` in place, saving
     /// what it overwrites. Err: nothing was changed (the call runs unfaulted, counted).
     fn inject_before(&self, _request: &InjectRequest) -> Result<Injected, Skip> {

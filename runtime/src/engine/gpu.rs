@@ -1534,6 +1534,10 @@ impl Backend for GpuBackend {
         self.checker.ring.lock().unwrap_or_else(|e| e.into_inner()).dropped()
     }
 
+    fn early_launches(&self) -> u64 {
+        self.checker.early_launches()
+    }
+
     fn inject_before(&self, request: &InjectRequest) -> Result<Injected, Skip> {
         self.inject_before_impl(request)
     }

@@ -911,6 +911,13 @@ impl Engine {
             c.checked,
             c.skipped.iter().map(|s| s.count).sum::<u64>()
         ));
+        if self.config.kernels.early_start {
+            let early = self.backend.as_ref().map_or(0, |b| b.early_launches());
+            log::info(&format!(
+                "early start: {early} launches started early{}",
+                if early == 0 { " (none: not supported here, or refused; see the warnings)" } else { "" }
+            ));
+        }
         if let Some(sel) = graph_select::get() {
             let st = &sel.stats;
             let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);

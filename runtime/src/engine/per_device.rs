@@ -141,6 +141,10 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         self.all().iter().map(|b| b.dropped()).sum()
     }
 
+    fn early_launches(&self) -> u64 {
+        self.all().iter().map(|b| b.early_launches()).sum()
+    }
+
     fn inject_before(&self, request: &InjectRequest) -> Result<Injected, Skip> {
         self.current(request.call.stream)?.inject_before(request)
     }
