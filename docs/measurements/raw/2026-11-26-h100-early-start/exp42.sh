@@ -49,7 +49,11 @@ for v in base main; do
 done
 step "per call behind cuBLAS (us): M 512 and 4096, 3 shapes"
 shim() { LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all "$@"; }
-g() { timeout 200 python3 tests/gpu/overhead_gemm.py --m 512,4096 --shapes 3 2>/dev/null | sed "s/^/$1 /" | tee -a $OUT/gemm.log; }
+g() {
+  local err="$OUT/g_${1// /_}.err"
+  QUANTSHADOW_LOG=info timeout 200 python3 tests/gpu/overhead_gemm.py --m 512,4096 --shapes 3 2>"$err" | sed "s/^/$1 /" | tee -a $OUT/gemm.log
+  grep -h "early start\|closing" "$err" | sed "s/^/$1: /"  # did early starts happen, how many checks
+}
 for r in 1 2; do
   g "r$r plain"
   QUANTSHADOW_SKETCH_DETACH=off QUANTSHADOW_EARLY_START=1 shim g "r$r stream_early"
