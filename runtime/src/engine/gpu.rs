@@ -161,11 +161,11 @@ struct SiteGpu {
     sketch_scratch: HashMap<u64, SketchScratch>,
     /// Launch counters (device u64) of the device-side sampling gate of on-stream sketch checks,
     /// per sampled-row count and kernel (lean or not: that also depends on the call's pointer
-    /// alignment): `qs_gate_take` divides the counter by the grid's blocks, so every launch on one
-    /// counter must have the same grid. Graphs captured at several
-    /// batch sizes put checks of different row counts (different grids) on one site; a shared
-    /// counter let the blocks of one launch disagree (wrong results with the general kernel, a
-    /// hang at a cluster barrier with the lean one).
+    /// alignment). `qs_gate_take` divides the counter by the grid's blocks, so every launch on
+    /// one counter must have the same grid. Graphs captured at several batch sizes put checks of
+    /// different row counts (different grids) on one site: one shared counter let the blocks of
+    /// one launch disagree (wrong results with the general kernel, a hang at a cluster barrier
+    /// with the lean one).
     sketch_gates: HashMap<(u64, bool), DeviceBuffer>,
     /// Per-site row epoch (device u64), advanced by the last kernel of each check.
     epoch: DeviceBuffer,
