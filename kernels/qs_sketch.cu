@@ -1457,11 +1457,11 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
                        P.k <= P.kp && P.g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_WARPS_PER_BLOCK;
     __shared__ QsSketchSmem sm;  // one copy for the three probe-count instantiations
     QS_TM_BLOCK_START();
-    // Not sampled on this replay: return before the counter protocol (nothing to undo).
     // An early start: the production GEMM's A and D after this. First, so that every block
     // waits whatever path it takes (a grid that ended before the GEMM would let a kernel that
     // was launched early behind it read D too soon).
     qs_wait_prior_grid();
+    // Not sampled on this replay: return before the counter protocol (nothing to undo).
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) return;
     qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_sketch_check_body<decltype(k)::V>(P, valid, sm); });
 }
