@@ -1231,10 +1231,10 @@ impl SplitDemand {
 
 /// Splits for checks that run all at once in one resident wave of `wave` blocks: each check
 /// first gets its fewest splits (one for the general kernel), then the blocks left go, one split
-/// at a time, to the check whose blocks read the most (largest bytes per group / splits). A uniform share instead
-/// gives a 14336-deep check the same 5 splits as a 4096-deep one beside it (48 decode checks
-/// on an H100), so its blocks read 3.5x more and the graph waits for them. More groups than
-/// blocks: one split each (they take more than one wave whatever the split).
+/// at a time, to the check whose blocks read the most (largest bytes per group / splits). A
+/// uniform share instead gives a 14336-deep check the same 5 splits as a 4096-deep one beside it
+/// (48 decode checks on an H100), so its blocks read 3.5x more and the graph waits for them.
+/// More groups than blocks: one split each (they take more than one wave whatever the split).
 pub fn plan_shared_splits(checks: &[SplitDemand], wave: u64) -> Vec<u32> {
     let mut splits: Vec<u32> = checks.iter().map(|c| c.min_splits.max(1)).collect();
     let base = checks

@@ -15,7 +15,7 @@ use super::registry::{KernelRegistry, LoadedProgram};
 use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, LaunchOrder, MappedHost, Stream};
 use crate::formats::Format;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -215,10 +215,10 @@ pub struct GpuChecker {
     /// (programmatic dependent launch) where the device allows ([`early_start_device`] and the
     /// runtime's `early_launch`). Off unless `QUANTSHADOW_EARLY_START=1`: written in session 15
     /// with no GPU time left, so neither its correctness nor its gain has been measured on a GPU
-    /// (docs/measurements/raw/2026-11-26-h100-early-start/exp41.sh is the run that will).
+    /// (docs/measurements/raw/2026-11-26-h100-early-start/exp42.sh is the run that will).
     early_start: AtomicBool,
     /// Launches that started early (the selftest shows that the path ran).
-    early_launches: std::sync::atomic::AtomicU64,
+    early_launches: AtomicU64,
 }
 
 /// Where sketch checks may take the lean kernel (`QUANTSHADOW_SKETCH_LEAN`).
@@ -434,7 +434,7 @@ impl GpuChecker {
             lean_sketch: AtomicBool::new(false),
             lean_in_graphs: AtomicBool::new(false),
             early_start: AtomicBool::new(false),
-            early_launches: std::sync::atomic::AtomicU64::new(0),
+            early_launches: AtomicU64::new(0),
         };
         checker.apply(choices);
         Ok(checker)
@@ -612,29 +612,19 @@ impl GpuChecker {
     ) -> Result<super::GraphNode, DeviceError> {
         let mut param_ptrs = [&prepared.params as *const P as *mut c_void];
         let c = &prepared.config;
-        let rt = &self.runtime;
+        let (rt, f, grid, block, shared) =
+            (&self.runtime, prepared.function, c.grid, c.block, c.shared_bytes);
+        let params = &mut param_ptrs;
         // SAFETY: the function was resolved for exactly this parameter type when prepared; the
         // driver copies the parameter values into the node.
         unsafe {
             match deps {
-                BranchDeps::Frontier(after) => rt.launch_graph_branch(
-                    prepared.function,
-                    c.grid,
-                    c.block,
-                    c.shared_bytes,
-                    stream,
-                    &mut param_ptrs,
-                    after,
-                ),
-                BranchDeps::Exactly(nodes) => rt.launch_graph_branch_from(
-                    prepared.function,
-                    c.grid,
-                    c.block,
-                    c.shared_bytes,
-                    stream,
-                    &mut param_ptrs,
-                    nodes,
-                ),
+                BranchDeps::Frontier(after) => {
+                    rt.launch_graph_branch(f, grid, block, shared, stream, params, after)
+                }
+                BranchDeps::Exactly(nodes) => {
+                    rt.launch_graph_branch_from(f, grid, block, shared, stream, params, nodes)
+                }
             }
         }
     }
@@ -987,28 +977,17 @@ impl GpuChecker {
         let b = format_of(g.b.format)?;
         let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
         let mut params = self.sketch_params(g, rows, weight, scratch, tag);
-        if let Some(wfrag) =
-            weight.wfrag.as_ref().filter(|_| self.sketch_takes_lean(g, weight, rows.count, captured))
-        {
-            params.wfrag_ptr = wfrag.ptr;
-            params.splits = abi::LEAN_SPLITS as u32;
-            params.rows_per_group = abi::LEAN_ROWS as u32;
-            let launch = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
-            let mut lean = self.prepare_kernel(
-                &build,
-                &format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
-                launch,
-                params,
-            )?;
-            lean.early_start = !captured && self.early_start();
-            return Ok(lean);
-        }
-        let mut check = self.prepare_kernel(
-            &build,
-            &format!("qs_sketch_check_{}_{}", a.name(), d.name()),
-            scratch.geometry.launch,
-            params,
-        )?;
+        let (kernel, launch) = match weight.wfrag.as_ref() {
+            Some(wfrag) if self.sketch_takes_lean(g, weight, rows.count, captured) => {
+                params.wfrag_ptr = wfrag.ptr;
+                params.splits = abi::LEAN_SPLITS as u32;
+                params.rows_per_group = abi::LEAN_ROWS as u32;
+                ("lean", abi::lean_sketch_launch(rows.count).map_err(abi_err)?)
+            }
+            _ => ("check", scratch.geometry.launch),
+        };
+        let entry = format!("qs_sketch_{kernel}_{}_{}", a.name(), d.name());
+        let mut check = self.prepare_kernel(&build, &entry, launch, params)?;
         check.early_start = !captured && self.early_start();
         Ok(check)
     }

@@ -159,14 +159,14 @@ struct SiteGpu {
     /// Two streams running the same site at the same moment would share it (not seen in
     /// PyTorch or vLLM, where one layer's calls are stream-ordered).
     sketch_scratch: HashMap<u64, SketchScratch>,
-    /// Launch counters (device u64) of the device-side sampling gate of on-stream sketch checks,
-    /// per sampled-row count and kernel (lean or not: that also depends on the call's pointer
-    /// alignment). `qs_gate_take` divides the counter by the grid's blocks, so every launch on
+    /// Launch counters (device u64 [general kernel, lean kernel]) of the device-side sampling gate
+    /// of on-stream sketch checks, per sampled-row count and kernel (lean or not also depends on
+    /// the call's pointer alignment). `qs_gate_take` divides the counter by the grid's blocks, so every launch on
     /// one counter must have the same grid. Graphs captured at several batch sizes put checks of
     /// different row counts (different grids) on one site: one shared counter let the blocks of
     /// one launch disagree (wrong results with the general kernel, a hang at a cluster barrier
     /// with the lean one).
-    sketch_gates: HashMap<(u64, bool), DeviceBuffer>,
+    sketch_gates: HashMap<u64, DeviceBuffer>,
     /// Per-site row epoch (device u64), advanced by the last kernel of each check.
     epoch: DeviceBuffer,
     /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
@@ -722,13 +722,11 @@ impl GpuBackend {
                 .checker
                 .sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-            for lean in [false, true] {
-                let gate = self
-                    .checker
-                    .alloc_zeroed(8)
-                    .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-                site.sketch_gates.insert((key, lean), gate);
-            }
+            let gates = self
+                .checker
+                .alloc_zeroed(16)
+                .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
+            site.sketch_gates.insert(key, gates);
             site.sketch_scratch.insert(key, scratch);
         }
         let weight = site.weight.as_ref().expect("set above");
@@ -742,11 +740,9 @@ impl GpuBackend {
         prepared.early_start &= !projected_now && req.device_gate.is_none();
         if let Some(rule) = req.device_gate {
             // Set up with the scratch, so always there; a missing one must not turn the gate off.
-            let counter = site
-                .sketch_gates
-                .get(&(key, prepared.is_lean()))
-                .ok_or_else(|| Skip::new("sketch: no gate counter"))?;
-            let gate = abi::DeviceGate::new(counter.ptr, rule.first, rule.every);
+            let gates = site.sketch_gates.get(&key).ok_or_else(|| Skip::new("sketch: no gate counter"))?;
+            let counter = gates.ptr + 8 * prepared.is_lean() as u64;
+            let gate = abi::DeviceGate::new(counter, rule.first, rule.every);
             prepared.params.gate_ptr = gate.ptr;
             prepared.params.gate_first = gate.first;
             prepared.params.gate_every = gate.every;
