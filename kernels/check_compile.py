@@ -13,7 +13,7 @@ Specialisations come from one of:
                  source, plus the common mixed-format pairs; --all compiles the full cross
                  product of formats instead (slow: ~1.5k programs per architecture).
 
-Options are the runtime's (abi.rs KernelBuild::nvrtc_options) plus -DQS_CHECK_LAYOUT, which also
+Options are the runtime's (registry.rs COMPILE_OPTIONS + cuda.rs NVRTC_OPTIONS) plus -DQS_CHECK_LAYOUT, which also
 static-asserts every ABI field offset (needs __builtin_offsetof in constant expressions: NVRTC
 13.5 has it, the NVRTC 13.0 of the GPU host does not, so the runtime's compile leaves it out).
 
@@ -144,9 +144,13 @@ class Nvrtc:
             lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def base_options(arch):
-    # The runtime's options (abi.rs KernelBuild::nvrtc_options) must stay equal to these.
-    return ["-std=c++17", f"--gpu-architecture={arch}", "-default-device"]
+# The runtime's NVRTC options (registry.rs COMPILE_OPTIONS + cuda.rs NVRTC_OPTIONS) for the
+# built-in list; a --specs file carries the runtime's own list in each entry's "options".
+RUNTIME_OPTIONS = ["-std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true", "-default-device"]
+
+
+def base_options(spec_entry, arch):
+    return [f"--gpu-architecture={arch}"] + list(spec_entry.get("options", RUNTIME_OPTIONS))
 
 
 def main():
@@ -182,7 +186,7 @@ def main():
     def run(job):
         s, arch = job
         # QS_CHECK_LAYOUT: also assert the ABI field offsets (needs a recent NVRTC).
-        opts = base_options(arch) + ["-DQS_CHECK_LAYOUT"] + [f"-D{d}" for d in s["defines"]]
+        opts = base_options(s, arch) + ["-DQS_CHECK_LAYOUT"] + [f"-D{d}" for d in s["defines"]]
         t0 = time.time()
         ok, log, ptx = nvrtc.compile(s["source"], sources[s["source"]], hdrs, opts)
         missing = []

@@ -78,8 +78,11 @@ pub fn main(args: Args) -> ExitCode {
         "cuda" | "auto" => match gpu_context() {
             Ok(checker) => {
                 let name = format!(
-                    "{} ({}, {} SMs)",
-                    checker.info.name, checker.info.arch, checker.info.multiprocessors
+                    "{} ({}, {} SMs, {})",
+                    checker.info.name,
+                    checker.info.arch,
+                    checker.info.multiprocessors,
+                    checker.registry().compiler()
                 );
                 (name, gpu_selftest(&checker, args.quick, &args.only))
             }

@@ -2,7 +2,7 @@
 //! compares the kernels' helpers with.
 //!
 //! `kernels_compile_with_nvrtc` hands the Rust registry's specialisations (abi::KernelBuild:
-//! source, defines, entry names) to kernels/check_compile.py, which compiles each with NVRTC
+//! source, defines, entry names, the runtime's NVRTC options) to kernels/check_compile.py, which compiles each with NVRTC
 //! for compute_90 and compute_80 and checks every entry name is in the PTX; so the registry,
 //! the defines and the kernels' names cannot drift apart. It needs python3 and libnvrtc
 //! ($QUANTSHADOW_NVRTC, else /opt/nvrtc/nvidia/cu13/lib/libnvrtc.so.13) and passes with a printed
@@ -15,6 +15,8 @@
 //! selftest --only helpers` checks the device against the same host functions).
 
 use quantshadow_runtime::device::abi::{KernelBuild, QsScaleDesc};
+use quantshadow_runtime::device::cuda::NVRTC_OPTIONS;
+use quantshadow_runtime::device::registry::COMPILE_OPTIONS;
 use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::problem::{ScaleGranularity, ScaleSpec, ScaleStorage};
 use quantshadow_runtime::rng::{hash3, SplitMix64};
@@ -77,6 +79,8 @@ fn specs_json(builds: &[KernelBuild]) -> String {
                 "source": b.source.file_name(),
                 "defines": b.defines.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
                 "entries": b.entries.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
+                // The runtime's NVRTC options, so that the check compiles as the runtime does.
+                "options": COMPILE_OPTIONS.iter().chain(NVRTC_OPTIONS).collect::<Vec<_>>(),
             })
         })
         .collect();

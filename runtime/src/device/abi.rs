@@ -1564,38 +1564,6 @@ impl KernelBuild {
         let defs: Vec<String> = self.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
         format!("{}:{}", self.source.file_name(), defs.join(","))
     }
-
-    fn define_options(&self) -> impl Iterator<Item = String> + '_ {
-        self.defines.iter().map(|(k, v)| format!("-D{k}={v}"))
-    }
-
-    /// NVRTC options for a virtual (`compute_90`) or real (`sm_90`) architecture. Exact maths
-    /// on purpose: no fast-math flags (the decoders and metric sums rely on IEEE behaviour).
-    /// kernels/check_compile.py uses the same list (plus `-DQS_CHECK_LAYOUT`, which also
-    /// asserts field offsets and needs NVRTC >= 13.5). The kernels' tuning knobs keep their
-    /// measured defaults unless defined: QS_COMPARE_F32_PARTIALS (1), QS_COMPARE_UNROLL (by
-    /// element size), QS_COMPARE_MIN_BLOCKS (2), QS_SKETCH_MIN_BLOCKS (2). Compiling a GEMM
-    /// program to cubin took 10-24 s with NVRTC 13.0 on the H200 host: cache per (arch, key).
-    pub fn nvrtc_options(&self, arch: &str) -> Vec<String> {
-        let mut o = vec![
-            "-std=c++17".to_string(),
-            format!("--gpu-architecture={arch}"),
-            "-default-device".to_string(),
-        ];
-        o.extend(self.define_options());
-        o
-    }
-
-    /// hipRTC options for a gfx target; `warp_size` is the target's wavefront (64 on CDNA).
-    pub fn hiprtc_options(&self, arch: &str, warp_size: u32) -> Vec<String> {
-        let mut o = vec![
-            "-std=c++17".to_string(),
-            format!("--offload-arch={arch}"),
-            format!("-DQS_WARP_SIZE={warp_size}"),
-        ];
-        o.extend(self.define_options());
-        o
-    }
 }
 
 #[cfg(test)]
@@ -1828,11 +1796,7 @@ mod tests {
         // No lean entry where qs_sketch.cu compiles none (QS_LEAN_FORMATS).
         let b = KernelBuild::sketch(Format::E5m2, Format::E4m3fn, Format::Bf16).unwrap();
         assert!(b.entries.iter().all(|e| !e.name.starts_with("qs_sketch_lean")));
-        let o = b.nvrtc_options("compute_90");
-        assert!(
-            o.contains(&"-DQS_D_FMT=2".to_string())
-                && o.contains(&"--gpu-architecture=compute_90".to_string())
-        );
+        assert!(b.defines.iter().any(|(k, v)| k == "QS_D_FMT" && v == "2"));
         assert!(KernelBuild::gemm_ref(Format::Ue8m0, Format::Bf16).is_err());
         let mut p = GemmProblem::row_major(8, 8, 8, Format::Bf16, Format::Bf16, Format::Bf16);
         p.epilogue.activation = Activation::Relu;

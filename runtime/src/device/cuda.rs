@@ -64,6 +64,12 @@ const NVRTC_SYMBOLS: &[&str] = &[
 ];
 
 /// CU_MEMHOSTALLOC_DEVICEMAP (cuda.h): map the allocation into the device address space.
+/// Options NVRTC gets besides `registry::COMPILE_OPTIONS`. `-default-device`: the kernels' generic
+/// lambdas (`qs_for_kp(.., [&](auto k) {..})` in `__global__` functions) counted as host code for
+/// the GPU host's NVRTC on 2026-11-26, which refuses host code in JIT mode: every qs_sketch.cu
+/// program failed to compile (exp42). NVRTC 13.5 here infers `__device__` and compiles them.
+pub const NVRTC_OPTIONS: &[&str] = &["-default-device"];
+
 const CU_MEMHOSTALLOC_DEVICEMAP: u32 = 0x02;
 /// CU_STREAM_NON_BLOCKING (cuda.h): no implicit synchronisation with the legacy stream.
 const CU_STREAM_NON_BLOCKING: u32 = 0x1;
@@ -400,7 +406,8 @@ impl GpuRuntime for CudaRuntime {
 
     fn compiler_version(&self) -> Result<String, DeviceError> {
         let (major, minor) = self.nvrtc_version()?;
-        Ok(format!("nvrtc {major}.{minor}"))
+        // With the options only this backend adds: the string is part of the kernel cache key.
+        Ok(format!("nvrtc {major}.{minor} {}", NVRTC_OPTIONS.join(" ")))
     }
 
     fn compile(
@@ -417,6 +424,7 @@ impl GpuRuntime for CudaRuntime {
         let c_source = to_c(source)?;
         let c_name = to_c(name)?;
         let mut all_options = vec![format!("--gpu-architecture={arch}")];
+        all_options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
         all_options.extend(options.iter().cloned());
         let c_options = all_options.iter().map(|o| to_c(o)).collect::<Result<Vec<_>, _>>()?;
         let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();

@@ -228,7 +228,7 @@ pub enum LeanUse {
     Off,
     /// `1` (default): outside CUDA graphs.
     Eager,
-    /// `graphs`: captured checks too (not yet run on a GPU).
+    /// `graphs`: captured checks too (correct in a 64-row decode graph on an H100; speed unmeasured).
     Graphs,
 }
 

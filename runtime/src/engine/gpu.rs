@@ -505,9 +505,10 @@ impl GpuBackend {
                 .map_err(err)?;
         }
         super::log::info(&format!(
-            "{name} backend on {} ({}), pool {} MiB",
+            "{name} backend on {} ({}, {}), pool {} MiB",
             checker.info.name,
             checker.info.arch,
+            checker.registry().compiler(),
             s.pool_bytes >> 20
         ));
         let side_stream = if !s.side_stream {
@@ -560,8 +561,17 @@ impl GpuBackend {
             return Ok(());
         }
         if self.sync_compile && !capturing {
+            let ready = || self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner());
+            let failed =
+                |e: &str| ProgramWait::Failed(Skip::new(format!("kernel compile failed: {}", short(e))));
+            if let Some(Err(e)) = ready().get(build) {
+                // Failed before: compiling again would cost seconds on every call, for the same error.
+                return Err(failed(e));
+            }
             return self.checker.program(build).map(|_| ()).map_err(|e| {
-                ProgramWait::Failed(Skip::new(format!("kernel compile failed: {}", short(&e.to_string()))))
+                let e = e.to_string();
+                ready().insert(build.clone(), Err(e.clone()));
+                failed(&e)
             });
         }
         let done = self.compiler.ready.lock().unwrap_or_else(|e| e.into_inner()).remove(build);
@@ -1572,7 +1582,176 @@ fn status_reason(status: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::GraphNode;
+    use crate::device::{
+        DeviceError, DeviceInfo, DevicePtr, Event, Function, GraphNode, LaunchOrder, MappedHost, Module,
+        Vendor,
+    };
+    use crate::formats::Format;
+    use std::sync::atomic::Ordering;
+
+    /// Host memory as "device" memory and a compiler that always fails, counting its calls.
+    #[derive(Default)]
+    struct FailingCompiler {
+        compiles: std::sync::atomic::AtomicU32,
+    }
+
+    fn no<T>() -> Result<T, DeviceError> {
+        Err(DeviceError::Unsupported("fake runtime".into()))
+    }
+
+    fn host_bytes(bytes: usize) -> u64 {
+        Box::leak(vec![0u64; bytes.div_ceil(8)].into_boxed_slice()).as_mut_ptr() as u64
+    }
+
+    impl GpuRuntime for FailingCompiler {
+        fn vendor(&self) -> Vendor {
+            Vendor::Nvidia
+        }
+        fn current_device(&self) -> Result<DeviceInfo, DeviceError> {
+            Ok(DeviceInfo {
+                vendor: Vendor::Nvidia,
+                ordinal: 0,
+                name: "fake".into(),
+                arch: "sm_90".into(),
+                total_memory: 1 << 30,
+                multiprocessors: 132,
+                warp_size: 32,
+                runtime_version: 13000,
+            })
+        }
+        fn current_ordinal(&self) -> Result<i32, DeviceError> {
+            Ok(0)
+        }
+        fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError> {
+            Ok(host_bytes(bytes))
+        }
+        unsafe fn free(&self, _ptr: DevicePtr) -> Result<(), DeviceError> {
+            Ok(()) // leaked: a test's lifetime
+        }
+        fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError> {
+            let p = host_bytes(bytes);
+            Ok(MappedHost { host: p as *mut u8, device: p, bytes })
+        }
+        unsafe fn free_mapped(&self, _m: &MappedHost) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+            // SAFETY: dst comes from host_bytes above with at least src.len() bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+            Ok(())
+        }
+        fn copy_to_host_sync(&self, _dst: &mut [u8], _src: DevicePtr) -> Result<(), DeviceError> {
+            no()
+        }
+        fn copy_async(
+            &self,
+            _d: DevicePtr,
+            _s: DevicePtr,
+            _b: usize,
+            _st: Stream,
+        ) -> Result<(), DeviceError> {
+            no()
+        }
+        fn memset_async(&self, _d: DevicePtr, _v: u8, _b: usize, _st: Stream) -> Result<(), DeviceError> {
+            no()
+        }
+        fn compile(
+            &self,
+            _source: &str,
+            name: &str,
+            arch: &str,
+            options: &[String],
+            _headers: &[(&str, &str)],
+        ) -> Result<Vec<u8>, DeviceError> {
+            self.compiles.fetch_add(1, Ordering::SeqCst);
+            Err(DeviceError::Compile {
+                name: name.into(),
+                arch: arch.into(),
+                options: options.join(" "),
+                log: "error: host functions are not allowed in JIT mode".into(),
+            })
+        }
+        fn compiler_version(&self) -> Result<String, DeviceError> {
+            Ok("failing fake compiler".into())
+        }
+        fn load_module(&self, _image: &[u8]) -> Result<Module, DeviceError> {
+            no()
+        }
+        fn get_function(&self, _m: Module, _n: &str) -> Result<Function, DeviceError> {
+            no()
+        }
+        unsafe fn launch(
+            &self,
+            _f: Function,
+            _g: [u32; 3],
+            _b: [u32; 3],
+            _s: u32,
+            _st: Stream,
+            _p: &mut [*mut std::ffi::c_void],
+            _o: LaunchOrder,
+        ) -> Result<(), DeviceError> {
+            no()
+        }
+        fn is_capturing(&self, _s: Stream) -> Result<bool, DeviceError> {
+            Ok(false)
+        }
+        fn synchronize(&self, _s: Stream) -> Result<(), DeviceError> {
+            no()
+        }
+        fn create_side_stream(&self) -> Result<Stream, DeviceError> {
+            no()
+        }
+        fn create_event(&self) -> Result<Event, DeviceError> {
+            no()
+        }
+        fn record_event(&self, _e: Event, _s: Stream) -> Result<(), DeviceError> {
+            no()
+        }
+        fn wait_event(&self, _s: Stream, _e: Event) -> Result<(), DeviceError> {
+            no()
+        }
+        fn event_done(&self, _e: Event) -> Result<bool, DeviceError> {
+            no()
+        }
+        fn elapsed_ms(&self, _a: Event, _b: Event) -> Result<f32, DeviceError> {
+            no()
+        }
+    }
+
+    #[test]
+    fn a_failed_compile_is_a_skip_and_is_not_tried_again() {
+        // Synchronous compiles (QUANTSHADOW_COMPILE=sync) once retried on every call: seconds of
+        // NVRTC per sampled GEMM in the host's thread when a program cannot compile.
+        let rt = Arc::new(FailingCompiler::default());
+        for sync_compile in [true, false] {
+            let settings = GpuSettings {
+                pool_bytes: 1 << 20,
+                ring_capacity: 16,
+                sync_compile,
+                sketch_detach: false,
+                graph_select: false,
+                side_stream: false,
+                kernels: Default::default(),
+            };
+            let before = rt.compiles.load(Ordering::SeqCst);
+            let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+            let build = KernelBuild::sketch(Format::Bf16, Format::Bf16, Format::Bf16).unwrap();
+            let mut reasons = vec![];
+            for _ in 0..50 {
+                match backend.program_ready(&build, false) {
+                    Err(ProgramWait::Failed(s)) => reasons.push(s.0),
+                    Err(ProgramWait::NotReady(_)) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                    Ok(()) => panic!("a program that cannot compile reported ready"),
+                }
+                if reasons.len() == 5 {
+                    break;
+                }
+            }
+            assert_eq!(reasons.len(), 5, "sync {sync_compile}: every call after the failure skips");
+            assert!(reasons.iter().all(|r| r.starts_with("kernel compile failed")), "{reasons:?}");
+            assert_eq!(rt.compiles.load(Ordering::SeqCst) - before, 1, "sync {sync_compile}: compiled once");
+        }
+    }
 
     #[test]
     fn deferred_checks_wait_for_their_own_capture_end() {
