@@ -110,6 +110,12 @@ def headers():
 
 class Nvrtc:
     def __init__(self, path):
+        # libnvrtc opens its builtins library by name at the first compile: load the one beside
+        # it first (a pip wheel's copy is on no library path), so that name is already resolved.
+        d = os.path.dirname(os.path.abspath(path))
+        for f in sorted(os.listdir(d)):
+            if f.startswith("libnvrtc-builtins.so.") and ".alt." not in f:
+                ctypes.CDLL(os.path.join(d, f), mode=ctypes.RTLD_GLOBAL)
         self.lib = ctypes.CDLL(path)
         self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         major, minor = ctypes.c_int(), ctypes.c_int()
@@ -185,8 +191,11 @@ def main():
 
     def run(job):
         s, arch = job
-        # QS_CHECK_LAYOUT: also assert the ABI field offsets (needs a recent NVRTC).
-        opts = base_options(s, arch) + ["-DQS_CHECK_LAYOUT"] + [f"-D{d}" for d in s["defines"]]
+        # QS_CHECK_LAYOUT: also assert the ABI field offsets (needs __builtin_offsetof in constant
+        # expressions: NVRTC 13.5 has it; an older NVRTC, such as the GPU host's 13.0, compiles
+        # what the runtime compiles, without it).
+        layout = ["-DQS_CHECK_LAYOUT"] if nvrtc.version >= (13, 5) else []
+        opts = base_options(s, arch) + layout + [f"-D{d}" for d in s["defines"]]
         t0 = time.time()
         ok, log, ptx = nvrtc.compile(s["source"], sources[s["source"]], hdrs, opts)
         missing = []

@@ -6,7 +6,8 @@
 //! for compute_90 and compute_80 and checks every entry name is in the PTX; so the registry,
 //! the defines and the kernels' names cannot drift apart. It needs python3 and libnvrtc
 //! ($QUANTSHADOW_NVRTC, else /opt/nvrtc/nvidia/cu13/lib/libnvrtc.so.13) and passes with a printed
-//! note when either is missing.
+//! note when either is missing. `kernels_compile_with_the_gpu_hosts_nvrtc` does the same with the
+//! GPU host's NVRTC 13.0 for sm_90 where `.ci/run` installed it.
 //!
 //! `golden_values_for_the_device_selftest` computes, on the host, what qs_selftest.cu must
 //! reproduce bit for bit (every decoder code, encoder results, hash3 / probe signs / row
@@ -104,6 +105,39 @@ fn registry_sources_are_the_files_in_kernels() {
     }
 }
 
+/// The GPU host's NVRTC (13.0), where `.ci/run` unpacks the `nvidia-cuda-nvrtc` wheel of that
+/// version. A kernel change once compiled with NVRTC 13.5 here and failed there (lambdas in
+/// `__global__` functions before `-default-device`), so both are checked when both are present.
+const GPU_HOST_NVRTC: &str = ".ci/cache/nvrtc-13.0/nvidia/cu13/lib/libnvrtc.so.13";
+
+fn python3_present() -> bool {
+    Command::new("python3").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+/// Runs kernels/check_compile.py over every registry specialisation with the NVRTC at `nvrtc`
+/// for `archs`; panics with its log on any failure.
+fn check_compile(nvrtc: &Path, archs: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = dir.path().join("specs.json");
+    std::fs::write(&specs, specs_json(&registry_specs())).unwrap();
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 4);
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo_root().join("kernels/check_compile.py"))
+        .arg("--specs")
+        .arg(&specs)
+        .arg("--jobs")
+        .arg(jobs.to_string())
+        .env("QUANTSHADOW_NVRTC", nvrtc);
+    for a in archs {
+        cmd.arg("--arch").arg(a);
+    }
+    let out = cmd.output().expect("running kernels/check_compile.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kernel compile check with {} failed (log above)", nvrtc.display());
+    assert!(text.contains(" 0 failed"));
+}
+
 #[test]
 fn kernels_compile_with_nvrtc() {
     let nvrtc = std::env::var("QUANTSHADOW_NVRTC")
@@ -112,27 +146,25 @@ fn kernels_compile_with_nvrtc() {
         println!("NOTE: NVRTC not found at {nvrtc} (set QUANTSHADOW_NVRTC): kernel compile check skipped");
         return;
     }
-    if Command::new("python3").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+    if !python3_present() {
         println!("NOTE: python3 not found: kernel compile check skipped");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let specs = dir.path().join("specs.json");
-    std::fs::write(&specs, specs_json(&registry_specs())).unwrap();
-    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 4);
-    let out = Command::new("python3")
-        .arg(repo_root().join("kernels/check_compile.py"))
-        .arg("--specs")
-        .arg(&specs)
-        .arg("--jobs")
-        .arg(jobs.to_string())
-        .env("QUANTSHADOW_NVRTC", &nvrtc)
-        .output()
-        .expect("running kernels/check_compile.py");
-    let text = String::from_utf8_lossy(&out.stdout);
-    println!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "kernel compile check failed (log above)");
-    assert!(text.contains(" 0 failed"));
+    check_compile(Path::new(&nvrtc), &["compute_90", "compute_80"]);
+}
+
+#[test]
+fn kernels_compile_with_the_gpu_hosts_nvrtc() {
+    let nvrtc = repo_root().join(GPU_HOST_NVRTC);
+    if !nvrtc.exists() || !python3_present() {
+        println!(
+            "NOTE: {} (installed by .ci/run) or python3 missing: compile check with NVRTC 13.0 skipped",
+            nvrtc.display()
+        );
+        return;
+    }
+    // The runtime compiles for the real architecture of the GPU it runs on (an H100 or H200).
+    check_compile(&nvrtc, &["sm_90"]);
 }
 
 /// Values the encoders are probed with: every decoded code's value, the midpoints between
