@@ -63,13 +63,13 @@ const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcDestroyProgram",
 ];
 
-/// CU_MEMHOSTALLOC_DEVICEMAP (cuda.h): map the allocation into the device address space.
-/// Options NVRTC gets besides `registry::COMPILE_OPTIONS`. `-default-device`: the kernels' generic
-/// lambdas (`qs_for_kp(.., [&](auto k) {..})` in `__global__` functions) counted as host code for
-/// the GPU host's NVRTC on 2026-11-26, which refuses host code in JIT mode: every qs_sketch.cu
-/// program failed to compile (exp42). NVRTC 13.5 here infers `__device__` and compiles them.
+/// Options NVRTC gets besides `registry::COMPILE_OPTIONS`. `-default-device`: NVRTC 13.0 (the GPU
+/// host's) takes the kernels' generic lambdas (`qs_for_kp(.., [&](auto k) {..})` in `__global__`
+/// functions) for host code, which JIT mode refuses: every qs_sketch.cu program failed (exp42).
+/// NVRTC 13.5 infers `__device__`. CI compiles with both (runtime/tests/kernels_compile.rs).
 pub const NVRTC_OPTIONS: &[&str] = &["-default-device"];
 
+/// CU_MEMHOSTALLOC_DEVICEMAP (cuda.h): map the allocation into the device address space.
 const CU_MEMHOSTALLOC_DEVICEMAP: u32 = 0x02;
 /// CU_STREAM_NON_BLOCKING (cuda.h): no implicit synchronisation with the legacy stream.
 const CU_STREAM_NON_BLOCKING: u32 = 0x1;
