@@ -2,126 +2,15 @@
 //! reservation, none afterwards; aligned, disjoint blocks; exhaustion is an error; released
 //! blocks merge back; the region is freed once.
 
+use quantshadow_runtime::device::fake::FakeRuntime;
 use quantshadow_runtime::device::pool::{DevicePool, PoolError, POOL_ALIGN};
-use quantshadow_runtime::device::{
-    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Module, Stream,
-    Vendor,
-};
 use quantshadow_runtime::rng::SplitMix64;
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-const BASE: u64 = 0x7f00_0000_0000;
-
-#[derive(Default)]
-struct CountingRuntime {
-    mallocs: AtomicU64,
-    frees: AtomicU64,
-    freed: AtomicU64,
-}
-
-fn unsupported<T>() -> Result<T, DeviceError> {
-    Err(DeviceError::Unsupported("fake runtime".into()))
-}
-
-impl GpuRuntime for CountingRuntime {
-    fn vendor(&self) -> Vendor {
-        Vendor::Host
-    }
-    fn current_device(&self) -> Result<DeviceInfo, DeviceError> {
-        unsupported()
-    }
-    fn malloc(&self, _bytes: usize) -> Result<DevicePtr, DeviceError> {
-        self.mallocs.fetch_add(1, Ordering::SeqCst);
-        Ok(BASE)
-    }
-    unsafe fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.frees.fetch_add(1, Ordering::SeqCst);
-        self.freed.store(ptr, Ordering::SeqCst);
-        Ok(())
-    }
-    fn alloc_mapped(&self, _bytes: usize) -> Result<MappedHost, DeviceError> {
-        unsupported()
-    }
-    unsafe fn free_mapped(&self, _mapped: &MappedHost) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn copy_to_device_sync(&self, _dst: DevicePtr, _src: &[u8]) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn copy_to_host_sync(&self, _dst: &mut [u8], _src: DevicePtr) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn copy_async(&self, _d: DevicePtr, _s: DevicePtr, _b: usize, _st: Stream) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn memset_async(&self, _d: DevicePtr, _v: u8, _b: usize, _st: Stream) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn compile(
-        &self,
-        _s: &str,
-        _n: &str,
-        _a: &str,
-        _o: &[String],
-        _h: &[(&str, &str)],
-    ) -> Result<Vec<u8>, DeviceError> {
-        unsupported()
-    }
-    fn compiler_version(&self) -> Result<String, DeviceError> {
-        unsupported()
-    }
-    fn load_module(&self, _image: &[u8]) -> Result<Module, DeviceError> {
-        unsupported()
-    }
-    fn get_function(&self, _m: Module, _n: &str) -> Result<Function, DeviceError> {
-        unsupported()
-    }
-    unsafe fn launch(
-        &self,
-        _f: Function,
-        _g: [u32; 3],
-        _b: [u32; 3],
-        _s: u32,
-        _st: Stream,
-        _p: &mut [*mut c_void],
-        _o: LaunchOrder,
-    ) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn is_capturing(&self, _s: Stream) -> Result<bool, DeviceError> {
-        unsupported()
-    }
-    fn synchronize(&self, _s: Stream) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn create_side_stream(&self) -> Result<Stream, DeviceError> {
-        unsupported()
-    }
-    fn create_event(&self) -> Result<Event, DeviceError> {
-        unsupported()
-    }
-    fn record_event(&self, _e: Event, _s: Stream) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn wait_event(&self, _s: Stream, _e: Event) -> Result<(), DeviceError> {
-        unsupported()
-    }
-    fn current_ordinal(&self) -> Result<i32, DeviceError> {
-        Ok(0)
-    }
-    fn event_done(&self, _e: Event) -> Result<bool, DeviceError> {
-        unsupported()
-    }
-    fn elapsed_ms(&self, _a: Event, _b: Event) -> Result<f32, DeviceError> {
-        unsupported()
-    }
-}
 
 #[test]
 fn blocks_are_aligned_disjoint_and_never_allocate() {
-    let rt = Arc::new(CountingRuntime::default());
+    let rt = Arc::new(FakeRuntime::default());
     let pool = DevicePool::reserve(rt.clone(), 1 << 20).unwrap();
     let mut rng = SplitMix64::new(3);
     let mut blocks = Vec::new();
@@ -133,7 +22,8 @@ fn blocks_are_aligned_disjoint_and_never_allocate() {
     spans.sort();
     for (start, end) in &spans {
         assert_eq!(start % POOL_ALIGN as u64, 0);
-        assert!(*start >= BASE && *end <= BASE + (1 << 20));
+        let base = rt.first_malloc.load(Ordering::SeqCst);
+        assert!(*start >= base && *end <= base + (1 << 20));
     }
     for pair in spans.windows(2) {
         assert!(pair[0].1 <= pair[1].0, "blocks overlap: {pair:?}");
@@ -143,7 +33,7 @@ fn blocks_are_aligned_disjoint_and_never_allocate() {
 
 #[test]
 fn exhaustion_is_an_error_and_released_blocks_merge_back() {
-    let rt = Arc::new(CountingRuntime::default());
+    let rt = Arc::new(FakeRuntime::default());
     let pool = DevicePool::reserve(rt.clone(), 64 * POOL_ALIGN).unwrap();
     let mut blocks: Vec<_> = (0..64).map(|_| pool.take(POOL_ALIGN).unwrap()).collect();
     match pool.take(1) {
@@ -166,14 +56,14 @@ fn exhaustion_is_an_error_and_released_blocks_merge_back() {
     drop(kept);
     assert_eq!(pool.stats().in_use, 0);
     let all = pool.take(64 * POOL_ALIGN).unwrap();
-    assert_eq!(all.ptr(), BASE);
+    assert_eq!(all.ptr(), rt.first_malloc.load(Ordering::SeqCst));
     assert_eq!(pool.stats().peak_in_use, 64 * POOL_ALIGN);
     assert_eq!(rt.mallocs.load(Ordering::SeqCst), 1);
 }
 
 #[test]
 fn concurrent_use_returns_every_byte_and_the_region_is_freed_once() {
-    let rt = Arc::new(CountingRuntime::default());
+    let rt = Arc::new(FakeRuntime::default());
     let pool = DevicePool::reserve(rt.clone(), 4 << 20).unwrap();
     std::thread::scope(|scope| {
         for t in 0..4u64 {
@@ -199,5 +89,5 @@ fn concurrent_use_returns_every_byte_and_the_region_is_freed_once() {
     assert_eq!(rt.frees.load(Ordering::SeqCst), 0);
     drop(pool);
     assert_eq!(rt.frees.load(Ordering::SeqCst), 1);
-    assert_eq!(rt.freed.load(Ordering::SeqCst), BASE);
+    assert_eq!(rt.freed.load(Ordering::SeqCst), rt.first_malloc.load(Ordering::SeqCst));
 }

@@ -17,6 +17,8 @@ use std::ffi::c_void;
 pub mod abi;
 pub mod cuda;
 pub mod cuda_graph;
+#[doc(hidden)]
+pub mod fake;
 pub mod gpu;
 pub mod hip;
 pub mod pool;

@@ -1582,147 +1582,16 @@ fn status_reason(status: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{
-        DeviceError, DeviceInfo, DevicePtr, Event, Function, GraphNode, LaunchOrder, MappedHost, Module,
-        Vendor,
-    };
+    use crate::device::fake::FakeRuntime;
+    use crate::device::GraphNode;
     use crate::formats::Format;
     use std::sync::atomic::Ordering;
-
-    /// Host memory as "device" memory and a compiler that always fails, counting its calls.
-    #[derive(Default)]
-    struct FailingCompiler {
-        compiles: std::sync::atomic::AtomicU32,
-    }
-
-    fn no<T>() -> Result<T, DeviceError> {
-        Err(DeviceError::Unsupported("fake runtime".into()))
-    }
-
-    fn host_bytes(bytes: usize) -> u64 {
-        Box::leak(vec![0u64; bytes.div_ceil(8)].into_boxed_slice()).as_mut_ptr() as u64
-    }
-
-    impl GpuRuntime for FailingCompiler {
-        fn vendor(&self) -> Vendor {
-            Vendor::Nvidia
-        }
-        fn current_device(&self) -> Result<DeviceInfo, DeviceError> {
-            Ok(DeviceInfo {
-                vendor: Vendor::Nvidia,
-                ordinal: 0,
-                name: "fake".into(),
-                arch: "sm_90".into(),
-                total_memory: 1 << 30,
-                multiprocessors: 132,
-                warp_size: 32,
-                runtime_version: 13000,
-            })
-        }
-        fn current_ordinal(&self) -> Result<i32, DeviceError> {
-            Ok(0)
-        }
-        fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError> {
-            Ok(host_bytes(bytes))
-        }
-        unsafe fn free(&self, _ptr: DevicePtr) -> Result<(), DeviceError> {
-            Ok(()) // leaked: a test's lifetime
-        }
-        fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError> {
-            let p = host_bytes(bytes);
-            Ok(MappedHost { host: p as *mut u8, device: p, bytes })
-        }
-        unsafe fn free_mapped(&self, _m: &MappedHost) -> Result<(), DeviceError> {
-            Ok(())
-        }
-        fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
-            // SAFETY: dst comes from host_bytes above with at least src.len() bytes.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-            Ok(())
-        }
-        fn copy_to_host_sync(&self, _dst: &mut [u8], _src: DevicePtr) -> Result<(), DeviceError> {
-            no()
-        }
-        fn copy_async(
-            &self,
-            _d: DevicePtr,
-            _s: DevicePtr,
-            _b: usize,
-            _st: Stream,
-        ) -> Result<(), DeviceError> {
-            no()
-        }
-        fn memset_async(&self, _d: DevicePtr, _v: u8, _b: usize, _st: Stream) -> Result<(), DeviceError> {
-            no()
-        }
-        fn compile(
-            &self,
-            _source: &str,
-            name: &str,
-            arch: &str,
-            options: &[String],
-            _headers: &[(&str, &str)],
-        ) -> Result<Vec<u8>, DeviceError> {
-            self.compiles.fetch_add(1, Ordering::SeqCst);
-            Err(DeviceError::Compile {
-                name: name.into(),
-                arch: arch.into(),
-                options: options.join(" "),
-                log: "error: host functions are not allowed in JIT mode".into(),
-            })
-        }
-        fn compiler_version(&self) -> Result<String, DeviceError> {
-            Ok("failing fake compiler".into())
-        }
-        fn load_module(&self, _image: &[u8]) -> Result<Module, DeviceError> {
-            no()
-        }
-        fn get_function(&self, _m: Module, _n: &str) -> Result<Function, DeviceError> {
-            no()
-        }
-        unsafe fn launch(
-            &self,
-            _f: Function,
-            _g: [u32; 3],
-            _b: [u32; 3],
-            _s: u32,
-            _st: Stream,
-            _p: &mut [*mut std::ffi::c_void],
-            _o: LaunchOrder,
-        ) -> Result<(), DeviceError> {
-            no()
-        }
-        fn is_capturing(&self, _s: Stream) -> Result<bool, DeviceError> {
-            Ok(false)
-        }
-        fn synchronize(&self, _s: Stream) -> Result<(), DeviceError> {
-            no()
-        }
-        fn create_side_stream(&self) -> Result<Stream, DeviceError> {
-            no()
-        }
-        fn create_event(&self) -> Result<Event, DeviceError> {
-            no()
-        }
-        fn record_event(&self, _e: Event, _s: Stream) -> Result<(), DeviceError> {
-            no()
-        }
-        fn wait_event(&self, _s: Stream, _e: Event) -> Result<(), DeviceError> {
-            no()
-        }
-        fn event_done(&self, _e: Event) -> Result<bool, DeviceError> {
-            no()
-        }
-        fn elapsed_ms(&self, _a: Event, _b: Event) -> Result<f32, DeviceError> {
-            no()
-        }
-    }
 
     #[test]
     fn a_failed_compile_is_a_skip_and_is_not_tried_again() {
         // Synchronous compiles (QUANTSHADOW_COMPILE=sync) once retried on every call: seconds of
         // NVRTC per sampled GEMM in the host's thread when a program cannot compile.
-        let rt = Arc::new(FailingCompiler::default());
+        let rt = Arc::new(FakeRuntime::default()); // its compiler always fails
         for sync_compile in [true, false] {
             let settings = GpuSettings {
                 pool_bytes: 1 << 20,
