@@ -108,6 +108,7 @@ fn exports_are_exactly_the_hook_list() {
     let mut expected: Vec<String> =
         quantshadow_runtime::intercept::HOOK_NAMES.iter().map(|s| s.to_string()).collect();
     expected.push("quantshadow_version".into());
+    expected.push("quantshadow_pause".into());
     expected.push("dlsym".into());
     expected.sort();
     assert_eq!(exported, expected);
@@ -144,6 +145,26 @@ fn every_mode_leaves_results_unchanged_and_checks_every_supported_call() {
             std::fs::read_to_string(dir.path().join("report.md")).unwrap()
         );
     }
+}
+
+#[test]
+fn paused_calls_pass_through_and_are_counted_as_skipped() {
+    // "linear" is three calls; the middle three run while paused (quantshadow_pause(1)).
+    let scenario = "linear,pause,linear,resume,linear";
+    let plain = fixture(scenario, &[], false);
+    let dir = tempfile::tempdir().unwrap();
+    let (out, records) = checked_run(dir.path(), scenario, &[]);
+    assert_eq!(stdout(&out), stdout(&plain), "results changed under the shim");
+    let c = closing(&records)[0];
+    assert_eq!((c.calls_seen, c.sampled, c.checked), (9, 9, 6), "{:?}", c.skipped);
+    let paused: Vec<_> =
+        c.skipped.iter().filter(|s| s.reason == quantshadow_runtime::engine::PAUSED_SKIP).collect();
+    assert_eq!(paused.len(), 1, "{:?}", c.skipped);
+    assert_eq!(paused[0].count, 3);
+    // Paused calls take no sequence number (like calls the sampling passes over).
+    let mut seqs: Vec<u64> = observations(&records).iter().map(|o| o.call_seq).collect();
+    seqs.sort();
+    assert_eq!(seqs, (0..6).collect::<Vec<u64>>());
 }
 
 #[test]

@@ -15,6 +15,17 @@ pub extern "C" fn quantshadow_version() -> *const c_char {
     VERSION.as_ptr() as *const c_char
 }
 
+/// Pauses (`on` != 0) or resumes checking in this process; returns 1 if it was paused, else 0.
+/// While paused every intercepted call is forwarded at once; calls the sampling rule picks are
+/// counted as skipped ("paused by quantshadow_pause"). For A/B timing in one process and for
+/// sections an application does not want checked. Checks already recorded into a CUDA graph
+/// still run at its replays. Look it up with `dlsym(RTLD_DEFAULT, "quantshadow_pause")`.
+#[no_mangle]
+pub extern "C" fn quantshadow_pause(on: i32) -> i32 {
+    // An atomic swap: nothing here can panic, and it never starts the engine.
+    quantshadow_runtime::engine::set_paused(on != 0) as i32
+}
+
 macro_rules! export_hooks {
     ($( $sym:ident : $($handler:ident)::+ , missing = $status:expr, ( $($p:ident : $t:ty),* $(,)? ) ;)*) => {
         $(

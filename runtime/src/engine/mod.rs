@@ -133,6 +133,20 @@ extern "C" fn after_fork_in_child() {
     FORKED_CHILD.store(true, Ordering::Relaxed);
 }
 
+/// Set through the shim's `quantshadow_pause` export: every intercepted call passes straight
+/// through (no check, no fault injection, nothing recorded into a capture); calls the sampling
+/// rule picks meanwhile are counted as skipped with [`PAUSED_SKIP`].
+static PAUSED: AtomicBool = AtomicBool::new(false);
+
+/// The skip reason of calls picked while paused.
+pub const PAUSED_SKIP: &str = "paused by quantshadow_pause";
+
+/// Pauses (`true`) or resumes checking in this process; returns whether it was paused. Never
+/// starts the engine. Checks already recorded into a CUDA graph still run at its replays.
+pub fn set_paused(paused: bool) -> bool {
+    PAUSED.swap(paused, Ordering::Relaxed)
+}
+
 /// The engine, started on first use; None when off, failed to start, or in a forked child.
 pub fn engine() -> Option<&'static Engine> {
     let e = ENGINE.get_or_init(Engine::start).as_ref()?;
@@ -388,6 +402,13 @@ impl Engine {
     fn gemm<A: GemmArgs>(&'static self, args: &A, real: &RealCall) -> i32 {
         self.stats.calls_seen.fetch_add(1, Ordering::Relaxed);
         let sampled = self.sampler.take(args.quick_key());
+        if PAUSED.load(Ordering::Relaxed) {
+            if sampled {
+                self.stats.sampled.fetch_add(1, Ordering::Relaxed);
+                self.skip(PAUSED_SKIP);
+            }
+            return real.call();
+        }
         // Inside a graph capture a host-side decision would be frozen into every replay: checks
         // (sketch, rows, full) are recorded with the rule instead, and the device decides at
         // each replay.
@@ -911,6 +932,16 @@ impl Engine {
             c.checked,
             c.skipped.iter().map(|s| s.count).sum::<u64>()
         ));
+        if !c.skipped.is_empty() {
+            // The most frequent reasons (the record has them all).
+            let mut reasons: Vec<_> = c.skipped.iter().collect();
+            reasons.sort_by_key(|s| std::cmp::Reverse(s.count));
+            let shown: Vec<String> =
+                reasons.iter().take(6).map(|s| format!("{} ({})", s.reason, s.count)).collect();
+            let more = reasons.len().saturating_sub(6);
+            let more = if more > 0 { format!(", and {more} more reasons") } else { String::new() };
+            log::info(&format!("skipped: {}{more}", shown.join(", ")));
+        }
         if self.config.kernels.early_start {
             let early = self.backend.as_ref().map_or(0, |b| b.early_launches());
             log::info(&format!(
