@@ -1,0 +1,86 @@
+"""Kernel timeline of one GEMM called back to back (eager), paused and checking in one process:
+what the shim adds on the caller's stream per call, kernel by kernel.
+
+    LD_PRELOAD=.../libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all \\
+        python3 tests/gpu/eager_profile.py OP:M:N:K [--calls 12]
+
+OP bf16 (F.linear) or fp8 (torch._scaled_mm tensor-wise, scales 1, bf16 out). Warms up both
+sides, then profiles `calls` calls paused and `calls` checking (PyTorch's profiler, CUPTI) and
+prints, per side, the mean duration of each kernel name per call, the mean gap between
+consecutive kernels, and the mean time from one GEMM kernel's start to the next one's.
+"""
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("QUANTSHADOW_COMPILE", "sync")
+from ab_pause import shim_pause  # noqa: E402
+
+
+def events(prof):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.json")
+        prof.export_chrome_trace(path)
+        trace = json.load(open(path))
+    gpu = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    return sorted(gpu, key=lambda e: e["ts"])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("gemm")
+    p.add_argument("--calls", type=int, default=12)
+    a = p.parse_args()
+    op, m, n, k = a.gemm.split(":")
+    m, n, k = int(m), int(n), int(k)
+    pause = shim_pause()
+    if pause is None:
+        sys.exit("eager_profile: run under the shim")
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    if op == "bf16":
+        fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+    else:
+        x8, w8, one = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
+        fn = lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+    for on in (1, 0, 1, 0):
+        pause(on)
+        for _ in range(10):
+            fn()
+    torch.cuda.synchronize()
+    for side, on in (("paused", 1), ("checking", 0)):
+        pause(on)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.calls):
+                fn()
+            torch.cuda.synchronize()
+        ev = events(prof)
+        by = collections.defaultdict(list)
+        for e in ev:
+            by[e["name"][:70]].append(e["dur"])
+        gaps = [ev[i]["ts"] - (ev[i - 1]["ts"] + ev[i - 1]["dur"]) for i in range(1, len(ev))]
+        # The production GEMM's kernel: the longest one that is not the shim's.
+        prod = max((e for e in ev if not e["name"].startswith("qs_")), key=lambda e: e["dur"])["name"]
+        gemm_starts = [e["ts"] for e in ev if e["name"] == prod]
+        period = statistics.median([b - a_ for a_, b in zip(gemm_starts, gemm_starts[1:])]) if len(gemm_starts) > 1 else 0
+        print(f"== {a.gemm} {side}: {len(ev)} GPU operations for {a.calls} calls; median GEMM-start period {period:.2f} us; "
+              f"median gap between operations {statistics.median(gaps) if gaps else 0:.2f} us")
+        for name, d in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+            print(f"   {len(d) / a.calls:.2f}/call  mean {statistics.mean(d):7.2f} us  {name}")
+        if side == "checking":
+            t0 = ev[len(ev) // 2]["ts"]
+            for e in ev[len(ev) // 2: len(ev) // 2 + 8]:
+                print(f"   t+{e['ts'] - t0:8.2f} dur {e['dur']:7.2f} stream {e.get('tid')} {e['name'][:60]}")
+    pause(0)
+
+
+if __name__ == "__main__":
+    main()
