@@ -11,26 +11,16 @@ consecutive kernels, and the mean time from one GEMM kernel's start to the next 
 """
 import argparse
 import collections
-import json
 import os
 import statistics
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("QUANTSHADOW_COMPILE", "sync")
 from ab_pause import shim_pause  # noqa: E402
-
-
-def events(prof):
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "t.json")
-        prof.export_chrome_trace(path)
-        trace = json.load(open(path))
-    gpu = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
-    return sorted(gpu, key=lambda e: e["ts"])
+from graph_profile import gpu_events  # noqa: E402
 
 
 def main():
@@ -62,7 +52,7 @@ def main():
             for _ in range(a.calls):
                 fn()
             torch.cuda.synchronize()
-        ev = events(prof)
+        ev = gpu_events(prof)
         by = collections.defaultdict(list)
         for e in ev:
             by[e["name"][:70]].append(e["dur"])
