@@ -15,7 +15,7 @@ use quantshadow_runtime::device::abi::{
     self, KernelBuild, QsGemmDesc, QsMatrixDesc, QsRowSel, QsScaleDesc, QsSelftestParams,
 };
 use quantshadow_runtime::device::cuda::CudaRuntime;
-use quantshadow_runtime::device::gpu::{early_start_device, CompareRequest, DeviceBuffer, GpuChecker};
+use quantshadow_runtime::device::gpu::{CompareRequest, DeviceBuffer, GpuChecker};
 use quantshadow_runtime::device::{DeviceError, Stream};
 use quantshadow_runtime::formats::{Format, FormatClass};
 use quantshadow_runtime::metrics::{compare_logits, compare_matrix, MetricSums, Metrics};
@@ -1774,7 +1774,8 @@ fn detached_case(
 ///   must see the garbage, else the writer was not late enough for the run to show anything
 ///   (reported as a failure).
 fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
-    if !early_start_device(&checker.info) || !checker.runtime().early_launch() {
+    let (early_was, lean_was) = (checker.early_start(), checker.lean_sketch());
+    if !checker.set_early_start(true) {
         return vec![outcome(
             "early",
             "early start",
@@ -1785,20 +1786,18 @@ fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
     let rt = checker.runtime();
     let streams = rt.create_side_stream().and_then(|a| Ok((a, rt.create_side_stream()?)));
     let Ok((ahead, control)) = streams else {
+        checker.set_early_start(early_was);
         return vec![error_outcome("early", "side streams", "could not create two streams")];
     };
-    let (early_was, lean_was) = (checker.early_start(), checker.lean_sketch());
-    checker.set_early_start(true);
     let probe = |stream, name: &str| {
         let case = format!("early start takes effect on {name}");
         early_probe(checker, stream, &case).unwrap_or_else(|e| error_outcome("early", case, e))
     };
     let mut out = vec![probe(ahead, "a side stream")];
     for (lean, tag) in [(false, 0xea01), (true, 0xea02)] {
-        if lean && !checker.set_lean_sketch(true) {
-            continue;
+        if checker.set_lean_sketch(lean) != lean {
+            continue; // no lean kernel on this device
         }
-        checker.set_lean_sketch(lean);
         let name = if lean { "check on the stream [lean kernel]" } else { "check on the stream" };
         out.push(
             early_case(checker, (ahead, control), false, lean, tag)
@@ -1848,20 +1847,14 @@ fn early_probe(checker: &GpuChecker, on: Stream, case: &str) -> Result<Outcome, 
         checker.alloc(256).map_err(|e| es(&e))?,
         checker.alloc_zeroed(16).map_err(|e| es(&e))?,
     );
-    let rt = checker.runtime();
-    rt.synchronize(Stream::default()).map_err(|e| es(&e))?; // the uploads landed
     let params = QsSelftestParams { out_ptr: times.ptr, ..Default::default() };
     let cfg = abi::LaunchConfig { grid: [1, 1, 1], block: [32, 1, 1], shared_bytes: 0 };
     let mut probe = checker
         .prepare_kernel(&KernelBuild::selftest(), "qs_selftest_early_probe", cfg, params)
         .map_err(|e| es(&e))?;
     probe.early_start = true;
-    let before = checker.early_launches();
-    let launched = launch_late_writer(checker, src.ptr, dst.ptr, 64, on)
-        .and_then(|()| checker.launch_prepared(&probe, on).map_err(|e| es(&e)));
-    let synced = rt.synchronize(on).map_err(|e| es(&e));
-    launched?;
-    synced?;
+    let early =
+        run_behind_writer(checker, (src.ptr, dst.ptr, 64), on, on, |s| checker.launch_prepared(&probe, s))?;
     let t: Vec<u64> = times
         .read()
         .map_err(|e| es(&e))?
@@ -1869,7 +1862,6 @@ fn early_probe(checker: &GpuChecker, on: Stream, case: &str) -> Result<Outcome, 
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
     let waited_us = t[1].saturating_sub(t[0]) as f64 / 1e3;
-    let early = checker.early_launches() - before;
     Ok(outcome(
         "early",
         case,

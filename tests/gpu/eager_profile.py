@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("QUANTSHADOW_COMPILE", "sync")
-from ab_pause import shim_pause  # noqa: E402
+from ab_pause import shim_pause, workload  # noqa: E402
 from graph_profile import gpu_events  # noqa: E402
 
 
@@ -28,19 +28,10 @@ def main():
     p.add_argument("gemm")
     p.add_argument("--calls", type=int, default=12)
     a = p.parse_args()
-    op, m, n, k = a.gemm.split(":")
-    m, n, k = int(m), int(n), int(k)
     pause = shim_pause()
     if pause is None:
         sys.exit("eager_profile: run under the shim")
-    torch.manual_seed(0)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    if op == "bf16":
-        fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
-    else:
-        x8, w8, one = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
-        fn = lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+    _, fn = workload(argparse.Namespace(llama=None, gemm=a.gemm))  # ab_pause.py's GEMM, same seed
     for on in (1, 0, 1, 0):
         pause(on)
         for _ in range(10):

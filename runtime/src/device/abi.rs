@@ -1200,7 +1200,17 @@ pub fn wfrag_bytes(k_dim: u64, kp: u32) -> u64 {
 /// 14336-wide shapes and ~30 us slower at the 128256-wide LM head, where the general kernel
 /// spreads one row over many narrow splits.
 pub fn lean_sketch_worthwhile(rows: u64, n: u64) -> bool {
-    rows >= LEAN_ROWS / 2 && n <= 16384
+    rows >= LEAN_ROWS / 2 && n <= LEAN_MAX_N
+}
+
+/// Widest output the lean check is taken for ([`lean_sketch_worthwhile`]).
+pub const LEAN_MAX_N: u64 = 16384;
+
+/// Whether some call of a weight of this shape and formats can take the lean check (the part of
+/// [`QsGemmDesc::lean_sketch_eligible`] and [`lean_sketch_worthwhile`] fixed per weight): only
+/// such weights get W_R in fragment order.
+pub fn lean_sketch_weight(a: Format, d: Format, k: u64, n: u64) -> bool {
+    lean_sketch_formats(a, d) && k.is_multiple_of(LEAN_UNIT) && n.is_multiple_of(LEAN_UNIT) && n <= LEAN_MAX_N
 }
 
 /// Grid of a lean check of `rows` rows: (groups of [`LEAN_ROWS`], [`LEAN_SPLITS`]).

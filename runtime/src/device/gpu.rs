@@ -248,6 +248,8 @@ impl Default for KernelChoices {
     }
 }
 
+use crate::engine::config::on_off;
+
 impl KernelChoices {
     /// Reads both settings through `get`; a value that is not one of the documented ones is
     /// named in the returned warnings and the default is used.
@@ -255,18 +257,21 @@ impl KernelChoices {
         let mut warnings = Vec::new();
         let mut choices = KernelChoices::default();
         if let Some(v) = get("QUANTSHADOW_SKETCH_LEAN").filter(|v| !v.trim().is_empty()) {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "0" | "off" => choices.lean = LeanUse::Off,
-                "1" | "on" => choices.lean = LeanUse::Eager,
-                "graphs" => choices.lean = LeanUse::Graphs,
-                _ => warnings.push(format!("QUANTSHADOW_SKETCH_LEAN={v:?} is not 0, 1 or graphs; using 1")),
+            if v.trim().eq_ignore_ascii_case("graphs") {
+                choices.lean = LeanUse::Graphs;
+            } else {
+                match on_off(&v) {
+                    Some(on) => choices.lean = if on { LeanUse::Eager } else { LeanUse::Off },
+                    None => {
+                        warnings.push(format!("QUANTSHADOW_SKETCH_LEAN={v:?} is not 0, 1 or graphs; using 1"))
+                    }
+                }
             }
         }
         if let Some(v) = get("QUANTSHADOW_EARLY_START").filter(|v| !v.trim().is_empty()) {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "0" | "off" => choices.early_start = false,
-                "1" | "on" => choices.early_start = true,
-                _ => warnings.push(format!("QUANTSHADOW_EARLY_START={v:?} is not 0 or 1; using 0")),
+            match on_off(&v) {
+                Some(on) => choices.early_start = on,
+                None => warnings.push(format!("QUANTSHADOW_EARLY_START={v:?} is not 0 or 1; using 0")),
             }
         }
         (choices, warnings)
@@ -338,20 +343,19 @@ impl PreparedLaunch<QsSketchParams> {
     /// and its rows of A and D.
     pub fn split_demand(&self) -> abi::SplitDemand {
         let p = &self.params;
-        let bytes = |code: u32| format_of(code).map_or(2, |f| f.bits().div_ceil(8) as u64);
+        // A row's bytes (4-bit formats packed); 2 per element where the code is not a format.
+        let row_bytes = |code: u32, len: u64| {
+            format_of(code).map_or(len.saturating_mul(2), |f| f.bytes_for(len as usize) as u64)
+        };
         let rows = (p.rows_per_group as u64).min(p.rows.count).max(1);
         abi::SplitDemand {
             groups: self.groups(),
             min_splits: if self.is_lean() { p.splits } else { 1 },
             max_splits: p.splits,
             block_slots: if self.is_lean() { abi::SKETCH_BLOCKS_PER_SM } else { 1 },
-            bytes_per_group: (p.g.k.saturating_mul(p.kp as u64 * 4)).saturating_add(
-                rows.saturating_mul(
-                    p.g.k
-                        .saturating_mul(bytes(p.g.a.format))
-                        .saturating_add(p.g.n.saturating_mul(bytes(p.g.d.format))),
-                ),
-            ),
+            bytes_per_group: (p.g.k.saturating_mul(p.kp as u64 * 4)).saturating_add(rows.saturating_mul(
+                row_bytes(p.g.a.format, p.g.k).saturating_add(row_bytes(p.g.d.format, p.g.n)),
+            )),
         }
     }
 }
@@ -899,10 +903,12 @@ impl GpuChecker {
         let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
         let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
         let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
-        // Only while the lean check is on (a weight made with it off never takes it). Zeroed:
-        // kp = 8 leaves the padding probes of its 16-probe tiles unwritten.
-        let wfrag = if self.lean_sketch() && items == 1 && g.k.is_multiple_of(abi::LEAN_UNIT) {
-            Some(self.alloc_zeroed(abi::wfrag_bytes(g.k, kp) as usize)?)
+        // Only while the lean check is on (a weight made with it off never takes it) and for
+        // weights some call of which can take it. Zeroed where kp is not a whole number of
+        // 16-probe tiles (kp = 8): the padding probes are never written.
+        let wfrag = if self.lean_sketch() && items == 1 && abi::lean_sketch_weight(a, d, g.k, g.n) {
+            let bytes = abi::wfrag_bytes(g.k, kp) as usize;
+            Some(if kp.is_multiple_of(16) { self.alloc(bytes)? } else { self.alloc_zeroed(bytes)? })
         } else {
             None
         };

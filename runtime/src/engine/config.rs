@@ -180,7 +180,7 @@ impl SideStreamUse {
 }
 
 /// A switch value: `on`/`1`/`true` or `off`/`0`/`false` (any case, spaces trimmed).
-fn on_off(v: &str) -> Option<bool> {
+pub(crate) fn on_off(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "on" | "1" | "true" => Some(true),
         "off" | "0" | "false" => Some(false),

@@ -154,19 +154,11 @@ impl Drop for RelaxedCapture<'_> {
 struct SiteGpu {
     weight_ptr: u64,
     weight: Option<SketchWeight>,
-    /// Sketch scratch per sampled-row count. Shared by the site's streams: a graph captured
-    /// on its own stream must find the scratch set up by eager warm-up calls on another one.
-    /// Two streams running the same site at the same moment would share it (not seen in
-    /// PyTorch or vLLM, where one layer's calls are stream-ordered).
-    sketch_scratch: HashMap<u64, SketchScratch>,
-    /// Launch counters (device u64 [general kernel, lean kernel]) of the device-side sampling gate
-    /// of on-stream sketch checks, per sampled-row count and kernel (lean or not also depends on
-    /// the call's pointer alignment). `qs_gate_take` divides the counter by the grid's blocks, so every launch on
-    /// one counter must have the same grid. Graphs captured at several batch sizes put checks of
-    /// different row counts (different grids) on one site: one shared counter let the blocks of
-    /// one launch disagree (wrong results with the general kernel, a hang at a cluster barrier
-    /// with the lean one).
-    sketch_gates: HashMap<u64, DeviceBuffer>,
+    /// Sketch scratch and gate counters per sampled-row count ([`SketchRowState`]). Shared by
+    /// the site's streams: a graph captured on its own stream must find the scratch set up by
+    /// eager warm-up calls on another one. Two streams running the same site at the same moment
+    /// would share it (not seen in PyTorch or vLLM, where one layer's calls are stream-ordered).
+    sketch_rows: HashMap<u64, SketchRowState>,
     /// Per-site row epoch (device u64), advanced by the last kernel of each check.
     epoch: DeviceBuffer,
     /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
@@ -181,6 +173,19 @@ struct SiteGpu {
     /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
     /// reads C from it (the call overwrote C in place).
     c_saved: Option<(u64, u64)>,
+}
+
+/// What an on-stream or captured sketch check of one sampled-row count needs besides the weight.
+struct SketchRowState {
+    scratch: SketchScratch,
+    /// Launch counters (device u64 [general kernel, lean kernel]) of the device-side sampling
+    /// gate, per kernel (lean or not also depends on the call's pointer alignment).
+    /// `qs_gate_take` divides the counter by the grid's blocks, so every launch on one counter
+    /// must have the same grid. Graphs captured at several batch sizes put checks of different
+    /// row counts (different grids) on one site: one shared counter let the blocks of one launch
+    /// disagree (wrong results with the general kernel, a hang at a cluster barrier with the
+    /// lean one).
+    gates: DeviceBuffer,
 }
 
 struct RowsState {
@@ -632,8 +637,7 @@ impl GpuBackend {
                 SiteGpu {
                     weight_ptr: req.call.buffers.b,
                     weight: None,
-                    sketch_scratch: HashMap::new(),
-                    sketch_gates: HashMap::new(),
+                    sketch_rows: HashMap::new(),
                     epoch,
                     rows_state: HashMap::new(),
                     detached: HashMap::new(),
@@ -724,7 +728,7 @@ impl GpuBackend {
         }
         let key = sample.count;
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
-        if !site.sketch_scratch.contains_key(&key) {
+        if !site.sketch_rows.contains_key(&key) {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
             }
@@ -736,11 +740,10 @@ impl GpuBackend {
                 .checker
                 .alloc_zeroed(16)
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-            site.sketch_gates.insert(key, gates);
-            site.sketch_scratch.insert(key, scratch);
+            site.sketch_rows.insert(key, SketchRowState { scratch, gates });
         }
         let weight = site.weight.as_ref().expect("set above");
-        let scratch = &site.sketch_scratch[&key];
+        let SketchRowState { scratch, gates } = &site.sketch_rows[&key];
         let rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
         let mut prepared = self
             .checker
@@ -749,8 +752,6 @@ impl GpuBackend {
         // A gated check (captured only) may end without waiting for the GEMM: never early.
         prepared.early_start &= !projected_now && req.device_gate.is_none();
         if let Some(rule) = req.device_gate {
-            // Set up with the scratch, so always there; a missing one must not turn the gate off.
-            let gates = site.sketch_gates.get(&key).ok_or_else(|| Skip::new("sketch: no gate counter"))?;
             let counter = gates.ptr + 8 * prepared.is_lean() as u64;
             let gate = abi::DeviceGate::new(counter, rule.first, rule.every);
             prepared.params.gate_ptr = gate.ptr;

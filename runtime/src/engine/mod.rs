@@ -100,6 +100,8 @@ struct Stats {
     sampled: AtomicU64,
     checked: AtomicU64,
     skipped: Mutex<BTreeMap<String, u64>>,
+    /// Calls the sampling picked while paused: skipped with [`PAUSED_SKIP`].
+    paused: AtomicU64,
 }
 
 struct CallMeta {
@@ -404,8 +406,9 @@ impl Engine {
         let sampled = self.sampler.take(args.quick_key());
         if PAUSED.load(Ordering::Relaxed) {
             if sampled {
+                // Atomics only (no lock on this path): folded into the skip counts when read.
                 self.stats.sampled.fetch_add(1, Ordering::Relaxed);
-                self.skip(PAUSED_SKIP);
+                self.stats.paused.fetch_add(1, Ordering::Relaxed);
             }
             return real.call();
         }
@@ -872,15 +875,15 @@ impl Engine {
 
     /// Counters so far (for the closing record and tests).
     pub fn closing_record(&self, dropped: u64) -> ClosingRecord {
-        let skipped = self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner());
         ClosingRecord {
             session_id: self.session_id,
             calls_seen: self.stats.calls_seen.load(Ordering::Relaxed),
             sampled: self.stats.sampled.load(Ordering::Relaxed),
             checked: self.stats.checked.load(Ordering::Relaxed),
-            skipped: skipped
-                .iter()
-                .map(|(r, c)| record::SkipCount { reason: r.clone(), count: *c })
+            skipped: self
+                .skip_counts()
+                .into_iter()
+                .map(|(reason, count)| record::SkipCount { reason, count })
                 .collect(),
             dropped: dropped + self.backend.as_ref().map_or(0, |b| b.dropped()),
             end_time_ns: now_ns(),
@@ -946,7 +949,11 @@ impl Engine {
             let early = self.backend.as_ref().map_or(0, |b| b.early_launches());
             log::info(&format!(
                 "early start: {early} launches started early{}",
-                if early == 0 { " (none: not supported here, or refused; see the warnings)" } else { "" }
+                if early == 0 {
+                    " (none: not supported here, or the driver refused the first one)"
+                } else {
+                    ""
+                }
             ));
         }
         if let Some(sel) = graph_select::get() {
@@ -965,7 +972,17 @@ impl Engine {
     }
 
     fn skipped_total(&self) -> u64 {
-        self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner()).values().sum()
+        self.skip_counts().values().sum()
+    }
+
+    /// Skips by reason, the paused ones included.
+    fn skip_counts(&self) -> BTreeMap<String, u64> {
+        let mut counts = self.stats.skipped.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let paused = self.stats.paused.load(Ordering::Relaxed);
+        if paused > 0 {
+            *counts.entry(PAUSED_SKIP.to_string()).or_insert(0) += paused;
+        }
+        counts
     }
 }
 
