@@ -1586,6 +1586,17 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             device_alpha: false,
         },
         Variant {
+            // The lean copy with a device-pointer scalar (as FP8 tensor scales are), copied into
+            // the snapshot's header.
+            name: "bf16 contiguous rows, 300 rows, device alpha",
+            scheme: "bf16",
+            m: 300,
+            n: 1024,
+            k: 512,
+            tweak: none,
+            device_alpha: true,
+        },
+        Variant {
             name: "bf16 contiguous rows, 1 row",
             scheme: "bf16",
             m: 1,
@@ -1642,7 +1653,162 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
         lean_cases >= 2 && general_cases >= 2,
         format!("{lean_cases} cases took the lean copy, {general_cases} the general one"),
     ));
+    for (scheme, sizes) in
+        [("bf16", [(300, 1024, 512), (70, 512, 256)]), ("fp8-tensor", [(129, 512, 256), (600, 512, 256)])]
+    {
+        let case = format!(
+            "batched = one by one: {scheme}, {} checks of {} row counts in one launch",
+            abi::LEAN_BATCH,
+            sizes.len()
+        );
+        out.push(match batched_case(checker, scheme, &sizes) {
+            Ok((pass, detail)) => outcome("sketch detached", case, pass, detail),
+            Err(e) => error_outcome("sketch detached", case, e),
+        });
+    }
     out
+}
+
+/// Lean checks over snapshots, [`abi::LEAN_BATCH`] of them (of problems of two row counts, so
+/// that the batch's grid is wider than some of its checks) in one `qs_sketch_lean_batch` launch,
+/// against the same checks launched one by one: every result must agree (counts, worst row,
+/// epoch and status exactly; sums to 1e-9 relative).
+fn batched_case(
+    checker: &GpuChecker,
+    scheme: &str,
+    sizes: &[(u64, u64, u64)],
+) -> Result<(bool, String), String> {
+    use quantshadow_runtime::device::snapshot::SnapshotLayout;
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    if !checker.lean_sketch() {
+        return Ok((true, "not run: no lean kernel on this device".into()));
+    }
+    struct Prepared {
+        _keep: Vec<DeviceBuffer>,
+        _scratch: Vec<quantshadow_runtime::device::gpu::SketchScratch>,
+        copies: Vec<quantshadow_runtime::device::gpu::PreparedLaunch<abi::QsSnapParams>>,
+        checks: Vec<quantshadow_runtime::device::gpu::PreparedLaunch<abi::QsSketchParams>>,
+    }
+    let (seed, probes) = (0x00ba_7c4e, 32);
+    let st = Stream::default();
+    // Check i: problem i % sizes.len(), epoch i; its own snapshot and scratch on each side.
+    let mut sides: Vec<Prepared> = Vec::new();
+    let mut problems = Vec::new();
+    for (m, n, k) in sizes {
+        let problem = scheme_problem(scheme, *m, *n, *k);
+        let inputs = random_inputs(&problem, 0xba7c + m).map_err(|e| es(&e))?;
+        let problem = with_tensor_scales(problem, &inputs);
+        let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
+            .map_err(|e| es(&e))?;
+        let mut rng = SplitMix64::new(*m);
+        let elems = problem.d.required_elements(problem.m, problem.n, problem.batch) as usize;
+        let mut d = vec![0u8; problem.d.format.bytes_for(elems)];
+        for (idx, v) in reference.values.iter().enumerate() {
+            let f = problem.d.format;
+            f.store_code(&mut d, idx, f.encode(v * (1.0 + 0.01 * rng.normal())));
+        }
+        let (keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
+        let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
+        bufs.d = d_buf.ptr;
+        let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
+        let weight = checker
+            .sketch_weight(&g, problem.a.format, problem.d.format, seed, probes)
+            .map_err(|e| es(&e))?;
+        let sample = sketch::RowSample::new(seed, g.total_rows(), 256);
+        let layout = SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX)
+            .map_err(|e| es(&e))?;
+        problems.push((keep, d_buf, g, weight, sample, layout));
+    }
+    for side in 0..2u64 {
+        let mut p =
+            Prepared { _keep: Vec::new(), _scratch: Vec::new(), copies: Vec::new(), checks: Vec::new() };
+        for i in 0..abi::LEAN_BATCH {
+            let (_, _, g, weight, sample, layout) = &problems[i % problems.len()];
+            let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
+            let scratch =
+                checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+            let rows = QsRowSel::sample(sample, 0, i as u64, false);
+            let (copy, check) = checker
+                .prepare_detached(g, layout, rows, snap.ptr, 0, weight, &scratch, (side + 1, i as u64), false)
+                .map_err(|e| es(&e))?;
+            if !check.is_lean() {
+                return Ok((
+                    false,
+                    format!("check {i} ({} rows) did not take the lean kernel", sample.count),
+                ));
+            }
+            p._keep.push(snap);
+            p.copies.push(copy);
+            p.checks.push(check);
+            p._scratch.push(scratch);
+        }
+        sides.push(p);
+    }
+    // Side 0 one by one; side 1 copies first, then one batched launch.
+    for (copy, check) in sides[0].copies.iter().zip(&sides[0].checks) {
+        checker.launch_prepared(copy, st).map_err(|e| es(&e))?;
+        checker.launch_prepared(check, st).map_err(|e| es(&e))?;
+    }
+    for copy in &sides[1].copies {
+        checker.launch_prepared(copy, st).map_err(|e| es(&e))?;
+    }
+    let mut batch = checker.lean_batch(&sides[1].checks[0]).map_err(|e| es(&e))?;
+    for check in &sides[1].checks {
+        if !batch.push(check) {
+            return Ok((false, "a check of the same program was refused by the batch".into()));
+        }
+    }
+    checker.launch_lean_batch(&mut batch, st).map_err(|e| es(&e))?;
+    checker.runtime().synchronize(st).map_err(|e| es(&e))?;
+    let mut results = std::collections::HashMap::new();
+    {
+        let mut ring = checker.ring.lock().unwrap();
+        while let Some(r) = ring.poll() {
+            results.insert((r.tag, r.tag2), r);
+        }
+    }
+    let mut worst = 0.0f64;
+    let mut mismatches = Vec::new();
+    for i in 0..abi::LEAN_BATCH as u64 {
+        let (Some(a), Some(b)) = (results.get(&(1, i)), results.get(&(2, i))) else {
+            mismatches.push(format!(
+                "check {i}: result missing (one by one {}, batched {})",
+                results.contains_key(&(1, i)),
+                results.contains_key(&(2, i))
+            ));
+            continue;
+        };
+        let sums = [
+            (a.dot, b.dot),
+            (a.prod_sq, b.prod_sq),
+            (a.ref_sq, b.ref_sq),
+            (a.diff_sq, b.diff_sq),
+            (a.worst_cosine, b.worst_cosine),
+        ];
+        for (x, y) in sums.into_iter().chain(a.sketch_prod.iter().copied().zip(b.sketch_prod)) {
+            worst = worst.max(rel(x, y));
+        }
+        let key = |r: &abi::QsResultSlot| {
+            (r.finite, r.pairs, r.nan_prod, r.nan_ref, r.worst_row, r.epoch, r.rows_checked, r.status)
+        };
+        if key(a) != key(b) {
+            mismatches.push(format!("check {i}: one by one {:?}, batched {:?}", key(a), key(b)));
+        }
+        if a.pairs == 0 || a.prod_sq == 0.0 || a.status != 0 {
+            mismatches.push(format!("check {i}: the single check saw nothing or flagged {:#x}", a.status));
+        }
+    }
+    let pass = mismatches.is_empty() && worst <= 1e-9;
+    let rows: Vec<String> = problems.iter().map(|p| p.4.count.to_string()).collect();
+    Ok((
+        pass,
+        format!(
+            "{} checks of {} sampled rows: sums agree to {worst:.1e} relative{}",
+            abi::LEAN_BATCH,
+            rows.join(" / "),
+            if mismatches.is_empty() { String::new() } else { format!("; {}", mismatches.join("; ")) }
+        ),
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -444,6 +444,19 @@ pub struct QsSketchParams {
     pub wfrag_ptr: u64,
 }
 
+/// Lean checks one `qs_sketch_lean_batch_{a}_{d}` launch runs (qs_abi.h QS_LEAN_BATCH): as many
+/// as keep [`QsSketchBatch`] within the 4 KiB kernel parameter limit of every CUDA driver.
+pub const LEAN_BATCH: usize = 5;
+
+/// Up to [`LEAN_BATCH`] lean checks in one launch (grid z = check; `count` of them used).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSketchBatch {
+    pub p: [QsSketchParams; LEAN_BATCH],
+    pub count: u32,
+    pub reserved: u32,
+}
+
 /// Head of a detached check's snapshot buffer (qs_abi.h), followed by u64 rows[count].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -641,6 +654,7 @@ const _: () = {
     assert!(size_of::<QsWprojParams>() == 184);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
     assert!(size_of::<QsSketchParams>() == 776);
+    assert!(size_of::<QsSketchBatch>() == 3888);
     assert!(size_of::<QsSnapHeader>() == 64);
     assert!(size_of::<QsSnapParams>() == 672);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
@@ -659,6 +673,7 @@ const _: () = {
     assert!(size_of::<QsLogitsRow>() == 272);
     // CUDA's kernel parameter limit (4 KiB before 12.1; HIP's is similar).
     assert!(size_of::<QsSketchParams>() <= 4096);
+    assert!(size_of::<QsSketchBatch>() <= 4096);
 };
 
 /// A struct a kernel takes by value, or a record the device writes.
@@ -696,6 +711,7 @@ plain_data!(
     QsPrepParams,
     QsWprojParams,
     QsSketchParams,
+    QsSketchBatch,
     QsSnapHeader,
     QsSnapRegion,
     QsSnapParams,
@@ -1410,6 +1426,8 @@ pub enum ParamKind {
     Prep,
     Wproj,
     Sketch,
+    /// [`QsSketchBatch`] (`qs_sketch_lean_batch_{a}_{d}`).
+    SketchBatch,
     /// [`QsSnapParams`] (`qs_sketch_snap_{a}_{d}`, the detached check's snapshot).
     Snap,
     Compare,
@@ -1495,10 +1513,21 @@ impl KernelBuild {
                 },
             ]
             .into_iter()
-            .chain(lean_sketch_formats(a, d).then(|| KernelEntry {
-                name: format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
-                params: ParamKind::Sketch,
-            }))
+            .chain(
+                lean_sketch_formats(a, d)
+                    .then_some([
+                        KernelEntry {
+                            name: format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
+                            params: ParamKind::Sketch,
+                        },
+                        KernelEntry {
+                            name: format!("qs_sketch_lean_batch_{}_{}", a.name(), d.name()),
+                            params: ParamKind::SketchBatch,
+                        },
+                    ])
+                    .into_iter()
+                    .flatten(),
+            )
             .collect(),
         })
     }
@@ -1732,6 +1761,9 @@ mod tests {
         };
         assert_eq!(define("QS_LEAN_ROWS"), LEAN_ROWS);
         assert_eq!(define("QS_LEAN_SPLITS"), LEAN_SPLITS);
+        let abi = HEADERS.iter().find(|(name, _)| *name == "qs_abi.h").expect("qs_abi.h").1;
+        let line = abi.lines().find(|l| l.starts_with("#define QS_LEAN_BATCH ")).expect("QS_LEAN_BATCH");
+        assert_eq!(line.split_whitespace().nth(2), Some(LEAN_BATCH.to_string().as_str()));
     }
 
     #[test]
@@ -1800,7 +1832,8 @@ mod tests {
                 "qs_sketch_check_e4m3fn_bf16",
                 "qs_sketch_snap_e4m3fn_bf16",
                 "qs_sketch_snap_rows_e4m3fn_bf16",
-                "qs_sketch_lean_e4m3fn_bf16"
+                "qs_sketch_lean_e4m3fn_bf16",
+                "qs_sketch_lean_batch_e4m3fn_bf16"
             ]
         );
         // No lean entry where qs_sketch.cu compiles none (QS_LEAN_FORMATS).

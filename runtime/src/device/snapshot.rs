@@ -133,9 +133,10 @@ impl SnapshotLayout {
 
     /// Whether the lean copy (`qs_sketch_snap_rows_{a}_{d}`) serves this call: one batch item,
     /// contiguous op(A) rows and row-major D rows of byte formats whose every slice is whole
-    /// 16-byte vectors inside the buffers, and nothing else to copy (no C, A scales, row bias or
-    /// device-pointer scalars). The general copy handles every layout and format, and its size
-    /// costs ~1.1 us per copy in a decode graph (H100, instruction fetch after each GEMV).
+    /// 16-byte vectors inside the buffers, and nothing else to copy but device-pointer scalars
+    /// (no C, A scales or row bias). The general copy handles every layout and format, and its
+    /// size costs ~1.1 us per copy in a decode graph (H100, instruction fetch after each GEMV);
+    /// taking FP8's tensor scales (device pointers) here saves it ~1.5 us per eager copy.
     pub fn lean_copy(g: &QsGemmDesc) -> bool {
         let (Ok(a_bits), Ok(d_bits)) = (bits_of(g.a.format), bits_of(g.d.format)) else { return false };
         let (a_rs, a_cs) = g.a.op_strides();
@@ -145,7 +146,6 @@ impl SnapshotLayout {
                 && (ld * bytes).is_multiple_of(ROW_ALIGN)
                 && (len * bytes).is_multiple_of(ROW_ALIGN)
         };
-        let scalars = [g.alpha, g.a_tensor_scale, g.b_tensor_scale, g.beta, g.d_scale];
         g.batch == 1
             && g.m >= 1
             && a_bits >= 8
@@ -159,7 +159,6 @@ impl SnapshotLayout {
             && g.c.ptr == 0
             && g.a_scale.ptr == 0
             && !(g.bias.ptr != 0 && g.bias.axis == BIAS_ROWS)
-            && scalars.iter().all(|s| s.on_device == 0)
     }
 
     /// The problem the check sees: the snapshot at `base` as a GEMM of `count` rows. B, its
@@ -269,7 +268,12 @@ mod tests {
             g.bias.ptr = 0x9000;
             g.bias.axis = BIAS_ROWS;
         }));
-        assert!(not(&|g| g.alpha.on_device = 1));
+        // Device-pointer scalars (FP8 tensor scales, a device alpha) are copied into the header.
+        let mut device_scales = plain;
+        device_scales.a_tensor_scale =
+            QsScalar { value: 0.0, ptr: 0x5000, format: Format::F32 as u32, on_device: 1 };
+        device_scales.alpha = QsScalar { value: 0.0, ptr: 0x5010, format: Format::F32 as u32, on_device: 1 };
+        assert!(SnapshotLayout::lean_copy(&device_scales));
         // A column bias is the weight's, not copied: still lean.
         let mut col_bias = plain;
         col_bias.bias.ptr = 0x9000;
