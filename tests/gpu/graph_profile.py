@@ -16,7 +16,7 @@ is in the gaps, and a kernel that differs shows by name.
 and duration (graph branches overlap, so positions alone do not say what ran beside what), and
 a summary of the replay's checks: how many ran at once at most, on how many streams, and the
 tail from the last production kernel's end to the last check's end.
---repeat N stacks N copies of the six layers, as overhead_mlp.py does.
+--repeat N stacks N copies of the six layers, as overhead_mlp.py does (--fp8: its FP8 stack).
 --prefill profiles eager prefill passes (M=512) instead: per stream, the kernels' summed time
 and the pass span. --prefill --llama SIZE profiles the prefill of torch_llama.py's model instead
 (SIZE small or 8b-width, prompt of --prompt tokens, default 1024, no KV cache kept).
@@ -40,7 +40,7 @@ def main():
     valued = ("--repeat", "--llama", "--prompt")
     args = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and sys.argv[i - 1] not in valued]
     label = args[0] if args else "run"
-    forward = make_layers(repeat)
+    forward = make_layers(repeat, fp8="--fp8" in sys.argv)
     xp = torch.randn(512, 4096, device="cuda").to(torch.bfloat16)
     xd = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
     side = torch.cuda.Stream()
