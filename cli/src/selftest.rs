@@ -1669,6 +1669,22 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
     out
 }
 
+/// The largest relative difference between two sketch results of the same check: the sums,
+/// the worst row's cosine and the probe sums of the production side.
+fn sums_disagreement(a: &abi::QsResultSlot, b: &abi::QsResultSlot) -> f64 {
+    let sums = [
+        (a.dot, b.dot),
+        (a.prod_sq, b.prod_sq),
+        (a.ref_sq, b.ref_sq),
+        (a.diff_sq, b.diff_sq),
+        (a.worst_cosine, b.worst_cosine),
+    ];
+    sums.into_iter()
+        .chain(a.sketch_prod.iter().copied().zip(b.sketch_prod))
+        .map(|(x, y)| rel(x, y))
+        .fold(0.0, f64::max)
+}
+
 /// Lean checks over snapshots, [`abi::LEAN_BATCH`] of them (of problems of two row counts, so
 /// that the batch's grid is wider than some of its checks) in one `qs_sketch_lean_batch` launch,
 /// against the same checks launched one by one: every result must agree (counts, worst row,
@@ -1778,16 +1794,7 @@ fn batched_case(
             ));
             continue;
         };
-        let sums = [
-            (a.dot, b.dot),
-            (a.prod_sq, b.prod_sq),
-            (a.ref_sq, b.ref_sq),
-            (a.diff_sq, b.diff_sq),
-            (a.worst_cosine, b.worst_cosine),
-        ];
-        for (x, y) in sums.into_iter().chain(a.sketch_prod.iter().copied().zip(b.sketch_prod)) {
-            worst = worst.max(rel(x, y));
-        }
+        worst = worst.max(sums_disagreement(a, b));
         let key = |r: &abi::QsResultSlot| {
             (r.finite, r.pairs, r.nan_prod, r.nan_ref, r.worst_row, r.epoch, r.rows_checked, r.status)
         };
@@ -1890,16 +1897,7 @@ fn detached_case(
         let b = ring.poll().ok_or("no detached result")?;
         drop(ring);
         let (a, b) = if a.tag == 1 { (a, b) } else { (b, a) };
-        let sums = [
-            (a.dot, b.dot),
-            (a.prod_sq, b.prod_sq),
-            (a.ref_sq, b.ref_sq),
-            (a.diff_sq, b.diff_sq),
-            (a.worst_cosine, b.worst_cosine),
-        ];
-        for (x, y) in sums.into_iter().chain(a.sketch_prod.iter().copied().zip(b.sketch_prod)) {
-            worst = worst.max(rel(x, y));
-        }
+        worst = worst.max(sums_disagreement(&a, &b));
         let same = (a.finite, a.pairs, a.nan_prod, a.nan_ref, a.worst_row, a.epoch, a.rows_checked, a.status)
             == (b.finite, b.pairs, b.nan_prod, b.nan_ref, b.worst_row, b.epoch, b.rows_checked, b.status);
         if !same {

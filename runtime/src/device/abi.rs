@@ -1486,9 +1486,12 @@ impl KernelBuild {
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
     /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean form
-    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`.
+    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`
+    /// and `qs_sketch_lean_batch_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
+        let per_a_d =
+            |stem: &str, params| KernelEntry { name: format!("{stem}_{}_{}", a.name(), d.name()), params };
         Ok(KernelBuild {
             source: KernelSource::Sketch,
             defines: vec![
@@ -1499,32 +1502,19 @@ impl KernelBuild {
             entries: vec![
                 KernelEntry { name: "qs_sketch_prep".into(), params: ParamKind::Prep },
                 KernelEntry { name: format!("qs_sketch_wproj_{}", b.name()), params: ParamKind::Wproj },
-                KernelEntry {
-                    name: format!("qs_sketch_check_{}_{}", a.name(), d.name()),
-                    params: ParamKind::Sketch,
-                },
-                KernelEntry {
-                    name: format!("qs_sketch_snap_{}_{}", a.name(), d.name()),
-                    params: ParamKind::Snap,
-                },
-                KernelEntry {
-                    name: format!("qs_sketch_snap_rows_{}_{}", a.name(), d.name()),
-                    params: ParamKind::Snap,
-                },
+                per_a_d("qs_sketch_check", ParamKind::Sketch),
+                per_a_d("qs_sketch_snap", ParamKind::Snap),
+                per_a_d("qs_sketch_snap_rows", ParamKind::Snap),
             ]
             .into_iter()
             .chain(
                 lean_sketch_formats(a, d)
-                    .then_some([
-                        KernelEntry {
-                            name: format!("qs_sketch_lean_{}_{}", a.name(), d.name()),
-                            params: ParamKind::Sketch,
-                        },
-                        KernelEntry {
-                            name: format!("qs_sketch_lean_batch_{}_{}", a.name(), d.name()),
-                            params: ParamKind::SketchBatch,
-                        },
-                    ])
+                    .then(|| {
+                        [
+                            per_a_d("qs_sketch_lean", ParamKind::Sketch),
+                            per_a_d("qs_sketch_lean_batch", ParamKind::SketchBatch),
+                        ]
+                    })
                     .into_iter()
                     .flatten(),
             )
