@@ -62,7 +62,7 @@ def sketch_spec(a, b, d):
     defs = [f"QS_A_FMT={FORMATS[a]}", f"QS_B_FMT={FORMATS[b]}", f"QS_D_FMT={FORMATS[d]}"]
     entries = ["qs_sketch_prep", f"qs_sketch_wproj_{b}", f"qs_sketch_check_{a}_{d}"]
     if a in LEAN_A and d in LEAN_D:  # abi.rs lean_sketch_formats
-        entries += [f"qs_sketch_lean_{a}_{d}", f"qs_sketch_lean_batch_{a}_{d}"]
+        entries.append(f"qs_sketch_lean_{a}_{d}")
     return spec("qs_sketch.cu", defs, entries)
 
 

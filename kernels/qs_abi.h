@@ -323,16 +323,6 @@ struct QsSketchParams {
     qs_u64 wfrag_ptr;
 };
 
-// qs_sketch_lean_batch_{a}_{d}: up to QS_LEAN_BATCH lean checks in one launch (grid z = check),
-// each over its own snapshot and scratch (runtime/src/engine/eager_batch.rs). The whole struct
-// stays within the 4 KiB kernel parameter limit of every CUDA driver.
-#define QS_LEAN_BATCH 5
-struct QsSketchBatch {
-    QsSketchParams p[QS_LEAN_BATCH];
-    qs_u32 count;
-    qs_u32 reserved;
-};
-
 // Detached sketch (DESIGN.md; runtime/src/engine/gpu.rs "detached"): qs_sketch_snap_{a}_{d}
 // copies the sampled rows of a call on the caller's stream into a snapshot buffer, so that the
 // check can run later, off that stream, while the caller reuses A, D and C. The snapshot is a
@@ -491,7 +481,6 @@ static_assert(sizeof(QsRefParams) == 632, "QsRefParams");
 static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
 static_assert(sizeof(QsWprojParams) == 184, "QsWprojParams");
 static_assert(sizeof(QsSketchParams) == 776, "QsSketchParams");
-static_assert(sizeof(QsSketchBatch) == 3888, "QsSketchBatch");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
 static_assert(sizeof(QsSnapParams) == 672, "QsSnapParams");
 static_assert(sizeof(QsCompareParams) == 272, "QsCompareParams");

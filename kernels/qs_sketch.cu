@@ -19,7 +19,6 @@
 //   qs_sketch_wproj_{b}            W_R = op(B)_ref R, and its fragment order (once per weight)
 //   qs_sketch_check_{a}_{d}        the per-call check, results into the ring
 //   qs_sketch_lean_{a}_{d}         the same check for common calls on CUDA sm_90+ (clusters)
-//   qs_sketch_lean_batch_{a}_{d}   up to QS_LEAN_BATCH lean checks of snapshots in one launch
 #include "qs_device.h"
 
 #if !defined(QS_A_FMT) || !defined(QS_B_FMT) || !defined(QS_D_FMT)
@@ -1495,7 +1494,6 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
 #define QS_LEAN_ROWS 32
 #define QS_LEAN_SPLITS 8
 #define QS_SKETCH_LEAN QS_CAT5(qs_sketch_lean_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
-#define QS_SKETCH_LEAN_BATCH QS_CAT5(qs_sketch_lean_batch_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 #define QS_LEAN_FORMATS                                              \
     ((QS_A_FMT == QS_FMT_BF16 || QS_A_FMT == QS_FMT_E4M3FN) && \
      (QS_D_FMT == QS_FMT_BF16 || QS_D_FMT == QS_FMT_F16))
@@ -1575,9 +1573,8 @@ QS_DEVICE void qs_sketch_claim_early(const QsSketchParams& P, unsigned lane) {
     }
 }
 
-// blocks: how many blocks of the grid belong to this check (the last one publishes).
 template <int KP>
-QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm, qs_u32 blocks) {
+QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm) {
     constexpr int MT = QS_WFRAG_TILES(KP);  // 16-probe tiles
     constexpr int NT = QS_LEAN_ROWS / 8;    // 8-row tiles
     // W_R passes: bf16 hi + lo (|error| <= 2^-17 |w|) for 16-bit A, the wide class with an NMSE
@@ -1877,7 +1874,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm,
     QS_TM_MARK(tm_sync2);
     qs_sketch_finish_rows<KP>(P, sm.u.fin, t, rr.row, active, lane, warp, xa, ya, 0.0);
     QS_TM_MARK(tm_group);
-    if (!qs_last_block((qs_u32*)P.counters_ptr, blocks)) return;
+    if (!qs_last_block((qs_u32*)P.counters_ptr, gridDim.x * gridDim.y)) return;
     QS_TM_MARK(tm_final);
     qs_sketch_finish_check(P, sm.u.fin, valid, epoch, true);
     QS_TM_MARK(tm_claim);
@@ -1901,55 +1898,27 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm,
     QS_TM_REPORT(tm_group, tm_final, tm_claim, 2);
 }
 
-// Whether P describes a call the lean check handles, launched with this grid's geometry.
-QS_DEVICE bool qs_lean_valid(const QsSketchParams& P) {
-    const QsGemmDesc& g = P.g;
-    return g.a.format == QS_A_FMT && g.d.format == QS_D_FMT && blockDim.x == QS_BLOCK &&
-           P.rows_per_group == QS_LEAN_ROWS && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS &&
-           P.k >= 1 && P.k <= P.kp && g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
-           P.wfrag_ptr != 0 && (P.wfrag_ptr & 15u) == 0 && P.wr_batch_stride == 0 && g.c.ptr == 0 &&
-           g.a_scale.ptr == 0 && qs_op_strides(g.a).cs == 1 && g.d.order == QS_ORDER_ROW && g.k % 32 == 0 &&
-           g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
-}
-
 QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS, 1) QS_SKETCH_LEAN(QsSketchParams P) {
-    const bool valid = qs_lean_valid(P);
+    const QsGemmDesc& g = P.g;
+    const bool valid = g.a.format == QS_A_FMT && g.d.format == QS_D_FMT && blockDim.x == QS_BLOCK &&
+                       P.rows_per_group == QS_LEAN_ROWS && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS &&
+                       P.k >= 1 && P.k <= P.kp && g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
+                       P.wfrag_ptr != 0 && (P.wfrag_ptr & 15u) == 0 && P.wr_batch_stride == 0 && g.c.ptr == 0 &&
+                       g.a_scale.ptr == 0 && qs_op_strides(g.a).cs == 1 && g.d.order == QS_ORDER_ROW &&
+                       g.k % 32 == 0 && g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) {
         qs_wait_prior_grid();  // every block waits for the GEMM ahead whatever its path
         return;
     }
-    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V>(P, valid, sm, gridDim.x * gridDim.y); });
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V>(P, valid, sm); });
     qs_wait_prior_grid();  // returns at once after the body's wait; covers any path without it
-}
-
-// Up to QS_LEAN_BATCH lean checks in one launch: grid (groups of the largest, QS_LEAN_SPLITS,
-// checks), check z = B.p[z]. Each has its own scratch and ring slot, so the launch is the checks
-// one after another, but their blocks share the waves: a 256-row check fills about half of an
-// H100's SMs for its whole (latency-bound) run. Eager only: never gated, never started early.
-QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS, 1)
-    QS_SKETCH_LEAN_BATCH(const __grid_constant__ QsSketchBatch B) {
-    if (blockIdx.z >= B.count || blockIdx.z >= QS_LEAN_BATCH) return;
-    const QsSketchParams& P = B.p[blockIdx.z];
-    const qs_u64 groups = (P.rows.count + QS_LEAN_ROWS - 1) / QS_LEAN_ROWS;
-    const bool valid = qs_lean_valid(P) && P.gate_ptr == 0;
-    // A grid sized for a larger check of the batch: this check's clusters past its own groups
-    // have nothing to do (whole clusters: no barrier waits for them). An invalid check keeps
-    // every block, so that the last of them publishes its BAD_DESCRIPTOR slot.
-    if (valid && blockIdx.x >= groups) return;
-    const qs_u32 blocks = (qs_u32)((valid ? groups : gridDim.x) * QS_LEAN_SPLITS);
-    __shared__ QsLeanSmem sm;
-    QS_TM_BLOCK_START();
-    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V>(P, valid, sm, blocks); });
 }
 #else
 // Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entry exists so that every
 // program of these formats has the same entries; the host never launches it here.
 QS_GLOBAL void QS_SKETCH_LEAN(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
-QS_GLOBAL void QS_SKETCH_LEAN_BATCH(QsSketchBatch B) {
-    for (qs_u32 i = 0; i < B.count && i < QS_LEAN_BATCH; ++i) qs_flag(B.p[i].status_ptr, QS_STATUS_BAD_DESCRIPTOR);
-}
 #endif
 #endif
 
@@ -2148,9 +2117,10 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
 // qs_sketch_snap_rows_{a}_{d}: the snapshot copy for the common case only, chosen by the host
 // (snapshot.rs `lean_copy`): one batch item, contiguous op(A) rows and row-major D rows of byte
 // formats whose slices are whole 16-byte vectors inside the buffers, and no C, A scales or row
-// bias (device-pointer scalars, such as FP8 tensor scales, are copied). Same parameters, grid and result as QS_SKETCH_SNAP; its small
-// code is the point: the general kernel's size costs ~1.1 us per copy in a decode graph (H100,
-// instruction fetch after each GEMV).
+// bias (device-pointer scalars, such as FP8 tensor scales, are copied into the header). Same
+// parameters, grid and result as QS_SKETCH_SNAP; its small code is the point: the general
+// kernel's size costs ~1.1 us per copy in a decode graph (H100, instruction fetch after each
+// GEMV; 0.8 us per FP8 copy node, docs/measurements/2026-11-26-h100-batched-checks.md).
 #define QS_SKETCH_SNAP_ROWS QS_CAT5(qs_sketch_snap_rows_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {

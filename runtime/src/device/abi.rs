@@ -444,19 +444,6 @@ pub struct QsSketchParams {
     pub wfrag_ptr: u64,
 }
 
-/// Lean checks one `qs_sketch_lean_batch_{a}_{d}` launch runs (qs_abi.h QS_LEAN_BATCH): as many
-/// as keep [`QsSketchBatch`] within the 4 KiB kernel parameter limit of every CUDA driver.
-pub const LEAN_BATCH: usize = 5;
-
-/// Up to [`LEAN_BATCH`] lean checks in one launch (grid z = check; `count` of them used).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct QsSketchBatch {
-    pub p: [QsSketchParams; LEAN_BATCH],
-    pub count: u32,
-    pub reserved: u32,
-}
-
 /// Head of a detached check's snapshot buffer (qs_abi.h), followed by u64 rows[count].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -654,7 +641,6 @@ const _: () = {
     assert!(size_of::<QsWprojParams>() == 184);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
     assert!(size_of::<QsSketchParams>() == 776);
-    assert!(size_of::<QsSketchBatch>() == 3888);
     assert!(size_of::<QsSnapHeader>() == 64);
     assert!(size_of::<QsSnapParams>() == 672);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
@@ -673,7 +659,6 @@ const _: () = {
     assert!(size_of::<QsLogitsRow>() == 272);
     // CUDA's kernel parameter limit (4 KiB before 12.1; HIP's is similar).
     assert!(size_of::<QsSketchParams>() <= 4096);
-    assert!(size_of::<QsSketchBatch>() <= 4096);
 };
 
 /// A struct a kernel takes by value, or a record the device writes.
@@ -711,7 +696,6 @@ plain_data!(
     QsPrepParams,
     QsWprojParams,
     QsSketchParams,
-    QsSketchBatch,
     QsSnapHeader,
     QsSnapRegion,
     QsSnapParams,
@@ -1426,8 +1410,6 @@ pub enum ParamKind {
     Prep,
     Wproj,
     Sketch,
-    /// [`QsSketchBatch`] (`qs_sketch_lean_batch_{a}_{d}`).
-    SketchBatch,
     /// [`QsSnapParams`] (`qs_sketch_snap_{a}_{d}`, the detached check's snapshot).
     Snap,
     Compare,
@@ -1486,8 +1468,7 @@ impl KernelBuild {
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
     /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean form
-    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`
-    /// and `qs_sketch_lean_batch_{a}_{d}`.
+    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         let per_a_d =
@@ -1507,17 +1488,7 @@ impl KernelBuild {
                 per_a_d("qs_sketch_snap_rows", ParamKind::Snap),
             ]
             .into_iter()
-            .chain(
-                lean_sketch_formats(a, d)
-                    .then(|| {
-                        [
-                            per_a_d("qs_sketch_lean", ParamKind::Sketch),
-                            per_a_d("qs_sketch_lean_batch", ParamKind::SketchBatch),
-                        ]
-                    })
-                    .into_iter()
-                    .flatten(),
-            )
+            .chain(lean_sketch_formats(a, d).then(|| per_a_d("qs_sketch_lean", ParamKind::Sketch)))
             .collect(),
         })
     }
@@ -1751,9 +1722,6 @@ mod tests {
         };
         assert_eq!(define("QS_LEAN_ROWS"), LEAN_ROWS);
         assert_eq!(define("QS_LEAN_SPLITS"), LEAN_SPLITS);
-        let abi = HEADERS.iter().find(|(name, _)| *name == "qs_abi.h").expect("qs_abi.h").1;
-        let line = abi.lines().find(|l| l.starts_with("#define QS_LEAN_BATCH ")).expect("QS_LEAN_BATCH");
-        assert_eq!(line.split_whitespace().nth(2), Some(LEAN_BATCH.to_string().as_str()));
     }
 
     #[test]
@@ -1822,8 +1790,7 @@ mod tests {
                 "qs_sketch_check_e4m3fn_bf16",
                 "qs_sketch_snap_e4m3fn_bf16",
                 "qs_sketch_snap_rows_e4m3fn_bf16",
-                "qs_sketch_lean_e4m3fn_bf16",
-                "qs_sketch_lean_batch_e4m3fn_bf16"
+                "qs_sketch_lean_e4m3fn_bf16"
             ]
         );
         // No lean entry where qs_sketch.cu compiles none (QS_LEAN_FORMATS).

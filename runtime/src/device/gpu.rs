@@ -314,49 +314,6 @@ pub struct PreparedLaunch<P: KernelParams> {
     pub early_start: bool,
 }
 
-/// Lean checks gathered for one `qs_sketch_lean_batch_{a}_{d}` launch
-/// ([`GpuChecker::lean_batch`]): each keeps its own scratch, snapshot and ring slot; the
-/// launch's grid is sized for the one with the most row groups.
-pub struct LeanBatch {
-    launch: PreparedLaunch<abi::QsSketchBatch>,
-    /// The lean kernel of the checks it takes.
-    lean: super::Function,
-}
-
-impl LeanBatch {
-    pub fn len(&self) -> usize {
-        self.launch.params.count as usize
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    pub fn is_full(&self) -> bool {
-        self.len() == abi::LEAN_BATCH
-    }
-    /// Whether `check` can join: a lean check of the same program, and room left.
-    pub fn takes(&self, check: &PreparedLaunch<QsSketchParams>) -> bool {
-        check.is_lean() && check.function == self.lean && !self.is_full() && !check.early_start
-    }
-    /// Adds `check` (see [`Self::takes`]); false, and nothing added, when it cannot join.
-    pub fn push(&mut self, check: &PreparedLaunch<QsSketchParams>) -> bool {
-        if !self.takes(check) {
-            return false;
-        }
-        let b = &mut self.launch;
-        b.params.p[b.params.count as usize] = check.params;
-        b.params.count += 1;
-        b.config.grid[0] = b.config.grid[0].max(check.config.grid[0]);
-        b.config.grid[2] = b.params.count;
-        true
-    }
-    /// Empties it for the next checks (after its launch).
-    pub fn clear(&mut self) {
-        self.launch.params.count = 0;
-        self.launch.config.grid[0] = 1;
-        self.launch.config.grid[2] = 1;
-    }
-}
-
 impl PreparedLaunch<QsSketchParams> {
     /// The same check over at most `splits` K/N splits per group (fewer, wider blocks; the
     /// scratch sized for more serves fewer): for many checks launched at once, which would
@@ -378,12 +335,6 @@ impl PreparedLaunch<QsSketchParams> {
     /// Whether this is the lean check (`qs_sketch_lean`: only it reads W_R in fragment order).
     pub fn is_lean(&self) -> bool {
         self.params.wfrag_ptr != 0
-    }
-
-    /// The kernel it launches: lean checks with the same one can share a
-    /// [`LeanBatch`] (one program: formats and padded probe count).
-    pub fn function(&self) -> super::Function {
-        self.function
     }
 
     /// What [`abi::plan_shared_splits`] needs of this check: its groups, the splits it can run
@@ -732,33 +683,6 @@ impl GpuChecker {
         let mut copy = copy;
         copy.early_start = !captured && self.early_start();
         Ok((copy, check))
-    }
-
-    /// An empty [`LeanBatch`] for lean checks like `lean` (prepared by
-    /// [`Self::prepare_detached`] or [`Self::prepare_sketch_check`] with the lean kernel).
-    pub fn lean_batch(&self, lean: &PreparedLaunch<QsSketchParams>) -> Result<LeanBatch, DeviceError> {
-        if !lean.is_lean() {
-            return Err(DeviceError::Unsupported("a lean batch takes lean sketch checks only".into()));
-        }
-        let g = &lean.params.g;
-        let (a, b, d) = (format_of(g.a.format)?, format_of(g.b.format)?, format_of(g.d.format)?);
-        let build = KernelBuild::sketch_kp(a, b, d, lean.params.kp).map_err(abi_err)?;
-        let entry = format!("qs_sketch_lean_batch_{}_{}", a.name(), d.name());
-        let mut config = lean.config;
-        config.grid = [1, config.grid[1], 1];
-        let launch = self.prepare_kernel(&build, &entry, config, abi::QsSketchBatch::default())?;
-        Ok(LeanBatch { launch, lean: lean.function })
-    }
-
-    /// Launches the checks of `batch` on `stream` (nothing when it is empty) and empties it.
-    /// An error leaves it as it was (the caller decides what to count).
-    pub fn launch_lean_batch(&self, batch: &mut LeanBatch, stream: Stream) -> Result<(), DeviceError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        self.launch_prepared(&batch.launch, stream)?;
-        batch.clear();
-        Ok(())
     }
 
     /// `entry` of `build` resolved once with `params`, to launch with [`Self::launch_prepared`]

@@ -150,12 +150,6 @@ pub trait Backend: Send + Sync {
     /// A capture on `stream` is about to end: add the work deferred to its end (CUDA graphs;
     /// nothing elsewhere).
     fn capture_ending(&self, _stream: u64) {}
-    /// At exit: launches the checks still waiting for a batched launch (`engine::eager_batch`)
-    /// and returns how many (their results are still to come); those it cannot launch are
-    /// counted as skipped.
-    fn flush_waiting(&self) -> u64 {
-        0
-    }
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

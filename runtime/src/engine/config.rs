@@ -211,10 +211,6 @@ pub struct Config {
     /// caller's stream and run off it (side stream, or a graph branch nothing waits for);
     /// `off`: the whole check runs on the caller's stream right after the call.
     pub sketch_detach: bool,
-    /// `QUANTSHADOW_SKETCH_BATCH=N` (1..=5, default [`DEFAULT_SKETCH_BATCH`]: off): detached
-    /// eager checks that take the lean kernel are gathered per stream and N of them run in one
-    /// launch on that stream (`engine::eager_batch`); 1: each runs alone on the side stream.
-    pub sketch_batch: u32,
     /// `QUANTSHADOW_GRAPH_SELECT=on` (default): a CUDA graph whose checks were captured with a
     /// sampling rule launches, per replay, a plain or a checked clone chosen on the host
     /// (`engine::graph_select`); `off`: the captured graph runs and its checks decide on the
@@ -243,10 +239,6 @@ pub const DEFAULT_PROBES: u32 = crate::sketch::DEFAULT_PROBES;
 pub const DEFAULT_SKETCH_ROWS: u64 = crate::sketch::DEFAULT_ROWS_PER_CALL;
 pub const DEFAULT_CHECK_ROWS: u64 = 64;
 pub const DEFAULT_POOL_MIB: usize = 512;
-/// Off: on an H100 batches of 5 cut the cost of back-to-back 4096x4096 calls by a quarter to a
-/// third, but not Llama prefill's, and they cost more at 512 rows or a 1024-wide model
-/// (docs/measurements/2026-11-26-h100-batched-checks.md).
-pub const DEFAULT_SKETCH_BATCH: u32 = 1;
 
 impl Config {
     pub fn from_env() -> Config {
@@ -327,12 +319,6 @@ impl Config {
         let check_rows = number("QUANTSHADOW_ROWS", DEFAULT_CHECK_ROWS, 1, 1 << 20);
         let seed = number("QUANTSHADOW_SEED", 0x5eed, 0, u64::MAX);
         let pool_mib = number("QUANTSHADOW_POOL_MB", DEFAULT_POOL_MIB as u64, 16, 1 << 20) as usize;
-        let sketch_batch = number(
-            "QUANTSHADOW_SKETCH_BATCH",
-            DEFAULT_SKETCH_BATCH as u64,
-            1,
-            crate::device::abi::LEAN_BATCH as u64,
-        ) as u32;
         let names = parsed("QUANTSHADOW_NAMES").map(std::path::PathBuf::from);
         let sync_compile = match parsed("QUANTSHADOW_COMPILE") {
             None => false,
@@ -433,7 +419,6 @@ impl Config {
             names,
             sync_compile,
             sketch_detach,
-            sketch_batch,
             graph_select,
             side_stream,
             inject,
@@ -456,7 +441,6 @@ impl Config {
             ("seed".into(), self.seed.to_string()),
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
             ("sketch_detach".into(), if self.sketch_detach { "on" } else { "off" }.into()),
-            ("sketch_batch".into(), self.sketch_batch.to_string()),
             ("graph_select".into(), if self.graph_select { "on" } else { "off" }.into()),
             (
                 "side_stream".into(),
@@ -586,7 +570,6 @@ mod tests {
             ("QUANTSHADOW_SKETCH_DETACH", "sometimes"),
             ("QUANTSHADOW_GRAPH_SELECT", "maybe"),
             ("QUANTSHADOW_SIDE_STREAM", "sideways"),
-            ("QUANTSHADOW_SKETCH_BATCH", "6"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
         assert!(c.sketch_detach, "an invalid value keeps the default");
@@ -597,12 +580,7 @@ mod tests {
         assert_eq!(c.device, DeviceChoice::Auto);
         assert!(c.graph_select, "an invalid value keeps the default");
         assert_eq!(c.side_stream, SideStreamUse::Auto, "an invalid value keeps the default");
-        assert_eq!(c.sketch_batch, DEFAULT_SKETCH_BATCH, "an invalid value keeps the default");
-        assert_eq!(c.warnings.len(), 10, "{:?}", c.warnings);
-        assert!(c
-            .warnings
-            .iter()
-            .any(|w| w.contains("QUANTSHADOW_SKETCH_BATCH=\"6\" is not a number in 1..=5")));
+        assert_eq!(c.warnings.len(), 9, "{:?}", c.warnings);
         assert!(c
             .warnings
             .iter()
@@ -625,10 +603,8 @@ mod tests {
             ("QUANTSHADOW_DEVICE", "host"),
             ("QUANTSHADOW_SKETCH_DETACH", "off"),
             ("QUANTSHADOW_GRAPH_SELECT", "off"),
-            ("QUANTSHADOW_SKETCH_BATCH", "5"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Rows));
-        assert_eq!(c.sketch_batch, 5);
         assert!(!c.sketch_detach);
         assert!(!c.graph_select);
         assert_eq!(c.collector, Some(Address::Unix("/tmp/x.sock".into())));

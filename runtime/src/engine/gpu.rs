@@ -22,7 +22,6 @@ mod gpu_inject;
 
 use super::backend::{Backend, CheckOutcome, CheckRequest, InjectRequest, Injected, Polled, PreCall};
 use super::copy_beside::{PendingCopies, PendingCopy, Settle, Span};
-use super::eager_batch::{EagerBatches, StreamBatch};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{BranchDeps, CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
@@ -43,9 +42,6 @@ pub struct GpuSettings {
     pub sync_compile: bool,
     /// Detached sketch checks (`QUANTSHADOW_SKETCH_DETACH`, see [`DetachedState`]).
     pub sketch_detach: bool,
-    /// Detached eager checks per batched launch (`QUANTSHADOW_SKETCH_BATCH`, see
-    /// [`super::eager_batch`]; 1: none batched).
-    pub sketch_batch: u32,
     /// Graph launch selection (`QUANTSHADOW_GRAPH_SELECT`, see `engine::graph_select`).
     pub graph_select: bool,
     /// Eager checks may run off the caller's stream (`QUANTSHADOW_SIDE_STREAM` decided for the
@@ -245,9 +241,6 @@ struct DetachedState {
     /// This site's own check scratch for its first captured call of each capture (zeroed at
     /// set-up, left zeroed by every check), and the capture id that last took it.
     own_scratch: Option<(SketchScratch, u64)>,
-    /// Eager checks may be batched ([`super::eager_batch`]): until one turns out not to take
-    /// the lean kernel (then they run on the side stream, one by one).
-    batchable: bool,
 }
 
 /// Captured checks waiting for the end of their capture (`Backend::capture_ending`), per
@@ -396,16 +389,6 @@ impl EagerSnapshots {
     }
 }
 
-/// What [`GpuBackend::batch_eager`] did with a call.
-enum Batched {
-    Done,
-    Skip(Skip),
-    /// Its check would not take the lean kernel (nothing was launched).
-    NotLean,
-    /// No stream batch or snapshot memory left for it (nothing was launched).
-    NoRoom,
-}
-
 /// What [`GpuBackend::sketch_detached`] did with a call.
 enum Detach {
     Done,
@@ -474,10 +457,6 @@ pub struct GpuBackend {
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
     /// Captured checks waiting for their capture's end.
     deferred: Mutex<DeferredChecks>,
-    /// Detached eager checks per launch (`QUANTSHADOW_SKETCH_BATCH`; 1: none batched).
-    sketch_batch: usize,
-    /// Eager checks waiting for their stream's batched launch (taken under the sites lock).
-    eager_batches: Mutex<EagerBatches>,
     /// Snapshot copies of deferred checks not yet ordered before later captured work.
     copies: Mutex<PendingCopies<CopyWork>>,
     pool_bytes: u64,
@@ -571,8 +550,6 @@ impl GpuBackend {
             eager_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
-            sketch_batch: s.sketch_batch.clamp(1, abi::LEAN_BATCH as u32) as usize,
-            eager_batches: Mutex::default(),
             copies: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
         })
@@ -845,15 +822,6 @@ impl GpuBackend {
         let launch_err = |what: &str, e: crate::device::DeviceError| {
             Detach::Skip(Skip::new(format!("detached sketch {what}: {}", short(&e.to_string()))))
         };
-        if capture.is_none() && self.sketch_batch > 1 && st.batchable {
-            match self.batch_eager(g, st, rows, weight, tag, stream) {
-                Batched::Done => return Detach::Done,
-                Batched::Skip(s) => return Detach::Skip(s),
-                // This call and the later ones of this shape: one by one on the side stream.
-                Batched::NotLean => st.batchable = false,
-                Batched::NoRoom => {}
-            }
-        }
         // The snapshot copy on the caller's stream; gives the check to run over the snapshot.
         let layout = &st.layout;
         let copy_on_stream = |rows, base, epoch_counter, scratch: &SketchScratch| {
@@ -1009,131 +977,6 @@ impl GpuBackend {
         }
     }
 
-    /// An eager detached check gathered into its stream's batch ([`super::eager_batch`]): the
-    /// snapshot copy now, on `stream`; the check with the batch's launch, on the same stream,
-    /// once the batch is due.
-    #[allow(clippy::too_many_arguments)]
-    fn batch_eager(
-        &self,
-        g: &QsGemmDesc,
-        st: &mut DetachedState,
-        rows: QsRowSel,
-        weight: &SketchWeight,
-        tag: (u64, u64),
-        stream: Stream,
-    ) -> Batched {
-        let skip = |what: &str, e: crate::device::DeviceError| {
-            Batched::Skip(Skip::new(format!("batched sketch {what}: {}", short(&e.to_string()))))
-        };
-        let mut batches = self.eager_batches.lock().unwrap_or_else(|e| e.into_inner());
-        let held_bytes = batches.buffer_bytes();
-        let Some(sb) = batches.for_stream(stream) else { return Batched::NoRoom };
-        if sb.free_slot().is_none() {
-            // Every slot waits (a smaller batch size than slots never gets here): launch them.
-            self.launch_batch(sb);
-        }
-        let Some(slot) = sb.free_slot() else { return Batched::NoRoom };
-        let bytes = st.layout.bytes;
-        if sb.buffer_bytes(slot) < bytes {
-            // The slot's buffer grows: only within a quarter of the pool, and only once every
-            // launch that may read the old one has run (the pool may hand it to another stream).
-            if held_bytes - sb.buffer_bytes(slot) + sb.grow_size(bytes) > self.pool_bytes / 4 {
-                return Batched::NoRoom;
-            }
-            if sb.buffer_bytes(slot) > 0 {
-                let idle = !sb.never_regrow
-                    && sb.launched.is_none_or(|e| self.runtime.event_done(e).unwrap_or(false));
-                if !idle {
-                    return Batched::NoRoom;
-                }
-            }
-        }
-        let buffer = match sb.buffer(slot, bytes, |size| self.checker.alloc(size as usize)) {
-            Ok(b) => b,
-            Err(e) => {
-                return Batched::Skip(Skip::new(format!("batched sketch snapshot: {}", pool_reason(&e))))
-            }
-        };
-        let (count, k, n, probes) = st.shape;
-        let scratch = match sb
-            .scratch(st.shape, slot, || self.checker.sketch_scratch(count, k, n, probes, false))
-        {
-            Ok(s) => s,
-            Err(e) => return Batched::Skip(Skip::new(format!("batched sketch set-up: {}", pool_reason(&e)))),
-        };
-        let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
-        let (copy, check) = match self
-            .checker
-            .prepare_detached(g, &st.layout, rows, buffer, 0, weight, scratch, tag, false)
-        {
-            Ok(p) => p,
-            Err(e) => return skip("set-up", e),
-        };
-        if !check.is_lean() {
-            return Batched::NotLean;
-        }
-        if sb.batch.as_ref().is_some_and(|b| !b.is_empty() && !b.takes(&check)) {
-            self.launch_batch(sb); // checks of another program wait: they go first
-        }
-        if sb.batch.as_ref().is_none_or(|b| !b.takes(&check)) {
-            match self.checker.lean_batch(&check) {
-                Ok(b) => sb.batch = Some(b),
-                Err(e) => return skip("set-up", e),
-            }
-        }
-        if let Err(e) = self.checker.launch_prepared(&copy, stream) {
-            return skip("copy launch", e);
-        }
-        let batch = sb.batch.as_mut().expect("set above");
-        if !batch.push(&check) {
-            return Batched::NotLean; // not reached: `takes` held above; the copy goes unread
-        }
-        let now = std::time::Instant::now();
-        sb.hold(slot, now);
-        st.eager_epoch += 1;
-        if sb.due(self.sketch_batch, now) {
-            self.launch_batch(sb);
-        }
-        Batched::Done
-    }
-
-    /// Launches the checks waiting in `sb` on its stream and returns how many; when that fails
-    /// they are counted as skipped (and 0 returned). Their slots are free again either way
-    /// (nothing reads a snapshot after this).
-    fn launch_batch(&self, sb: &mut StreamBatch) -> u64 {
-        let waiting = sb.waiting();
-        let mut launched = 0;
-        if let Some(batch) = sb.batch.as_mut() {
-            match self.checker.launch_lean_batch(batch, sb.stream) {
-                Ok(()) => {
-                    launched = waiting as u64;
-                    if sb.launched.is_none() {
-                        sb.launched = self.runtime.create_sync_event().ok();
-                    }
-                    // Without the record (or the event) no slot buffer is ever regrown: the
-                    // event stays "not done" or absent-and-buffered (see batch_eager).
-                    if let Some(e) = sb.launched {
-                        if self.runtime.record_event(e, sb.stream).is_err() {
-                            sb.launched = None;
-                            sb.never_regrow = true;
-                        }
-                    } else {
-                        sb.never_regrow = true;
-                    }
-                }
-                Err(e) => {
-                    let reason = format!("batched sketch launch: {}", short(&e.to_string()));
-                    for _ in 0..waiting {
-                        super::note_skip(&reason);
-                    }
-                    batch.clear();
-                }
-            }
-        }
-        sb.release();
-        launched
-    }
-
     /// Layout, counters, scratch and eager buffers of detached checks of `count` rows; None
     /// when these calls cannot be detached (logged once per site and count; they are checked
     /// on their stream).
@@ -1176,7 +1019,6 @@ impl GpuBackend {
             graph_capture: u64::MAX,
             graph_used: 0,
             own_scratch,
-            batchable: true,
         }))
     }
 
@@ -1664,27 +1506,6 @@ impl Backend for GpuBackend {
         self.poll_diagnoses(diagnosis_slots, out);
     }
 
-    fn flush_waiting(&self) -> u64 {
-        let _relaxed = RelaxedCapture::new(self.runtime.as_ref());
-        let mut batches = self.eager_batches.lock().unwrap_or_else(|e| e.into_inner());
-        let mut launched = 0;
-        for sb in batches.waiting() {
-            // Never into someone's capture: a check launched there would run at every replay.
-            if self.runtime.is_capturing(sb.stream).unwrap_or(true) {
-                for _ in 0..sb.waiting() {
-                    super::note_skip("batched sketch: its stream was capturing a graph at exit");
-                }
-                if let Some(b) = sb.batch.as_mut() {
-                    b.clear();
-                }
-                sb.release();
-            } else {
-                launched += self.launch_batch(sb);
-            }
-        }
-        launched
-    }
-
     fn capture_ending(&self, stream: u64) {
         let stream = Stream(stream);
         let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
@@ -1778,7 +1599,6 @@ mod tests {
                 ring_capacity: 16,
                 sync_compile,
                 sketch_detach: false,
-                sketch_batch: 1,
                 graph_select: false,
                 side_stream: false,
                 kernels: Default::default(),

@@ -8,7 +8,6 @@
 pub mod backend;
 pub mod config;
 mod copy_beside;
-mod eager_batch;
 pub mod gpu;
 pub mod graph_select;
 pub mod host;
@@ -229,7 +228,6 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, String> {
         ring_capacity: 4096,
         sync_compile: config.sync_compile,
         sketch_detach: config.sketch_detach,
-        sketch_batch: config.sketch_batch,
         graph_select: config.graph_select,
         side_stream: config.side_stream.enabled_for(config.sampling, config.mode),
         kernels: config.kernels,
@@ -902,16 +900,12 @@ impl Engine {
         if let Some(h) = self.poller.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
-        // Batched checks still waiting for their launch go now; their results are owed.
-        let mut owed = self.backend.as_ref().map_or(0, |b| b.flush_waiting());
         let t0 = Instant::now();
         let expected = self.stats.sampled.load(Ordering::Relaxed);
         loop {
             let n = self.drain();
-            owed = owed.saturating_sub(n as u64);
             let checked = self.stats.checked.load(Ordering::Relaxed);
-            // (A call's checks can outnumber the sampled calls: graph replays.)
-            let checks_done = owed == 0 && checked + self.skipped_total() >= expected;
+            let checks_done = checked + self.skipped_total() >= expected;
             let diagnosing = self.diagnoses_running.load(Ordering::Relaxed) > 0;
             if n == 0 && checks_done && !diagnosing {
                 break;

@@ -137,10 +137,6 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         }
     }
 
-    fn flush_waiting(&self) -> u64 {
-        self.all().iter().map(|b| b.flush_waiting()).sum()
-    }
-
     fn dropped(&self) -> u64 {
         self.all().iter().map(|b| b.dropped()).sum()
     }
