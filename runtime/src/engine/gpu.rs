@@ -173,6 +173,9 @@ struct SiteGpu {
     /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
     /// reads C from it (the call overwrote C in place).
     c_saved: Option<(u64, u64)>,
+    /// A sketch check of this site was captured into a graph: its replays read the weight's
+    /// projection for as long as the graph lives ([`super::retired`]).
+    captured: bool,
 }
 
 /// What an on-stream or captured sketch check of one sampled-row count needs besides the weight.
@@ -457,6 +460,8 @@ pub struct GpuBackend {
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
     /// Captured checks waiting for their capture's end.
     deferred: Mutex<DeferredChecks>,
+    /// Projections replaced while earlier checks may still read them.
+    retired: Mutex<super::retired::Retired<SketchWeight, Event>>,
     /// Snapshot copies of deferred checks not yet ordered before later captured work.
     copies: Mutex<PendingCopies<CopyWork>>,
     pool_bytes: u64,
@@ -550,6 +555,7 @@ impl GpuBackend {
             eager_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
+            retired: Mutex::default(),
             copies: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
         })
@@ -644,6 +650,7 @@ impl GpuBackend {
                     c_copies: HashMap::new(),
                     weight_changes_seen: 0,
                     c_saved: None,
+                    captured: false,
                 },
             );
         }
@@ -696,25 +703,30 @@ impl GpuBackend {
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
-        if let Some(c) = changes.filter(|c| *c > site.weight_changes_seen) {
-            if capturing {
-                return Err(Skip::new("graph capture: site not set up before the capture"));
-            }
-            site.weight_changes_seen = c;
-            site.weight = None; // projected from content B no longer holds
-        }
+        site.captured |= capturing;
+        let changed = changes.filter(|c| *c > site.weight_changes_seen);
         // W_R projected by this call is written just ahead of the check on the stream: the
         // check then keeps the ordinary launch (an early start reads W_R before its wait).
         let mut projected_now = false;
-        if site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
+        if changed.is_some() || site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
             if capturing {
                 return Err(Skip::new("graph capture: site not set up before the capture"));
+            }
+            // A projection being replaced may still be read by earlier checks: it waits for them.
+            let retiring = site.weight.is_some();
+            if retiring && !site.captured && !self.retired_room() {
+                return Err(Skip::new("sketch: replaced projections are still in use by earlier checks"));
             }
             let w = self
                 .checker
                 .sketch_weight_on(g, a, d, req.sketch.seed, req.sketch.probes, stream)
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-            site.weight = Some(w);
+            if let Some(c) = changed {
+                site.weight_changes_seen = c; // projected from content B no longer holds
+            }
+            if let Some(old) = site.weight.replace(w) {
+                self.retire_weight(old, stream, site.captured);
+            }
             site.weight_ptr = req.call.buffers.b;
             projected_now = true;
         }
@@ -973,6 +985,53 @@ impl GpuBackend {
                     }
                     Err(e) => launch_err("graph branch", e),
                 }
+            }
+        }
+    }
+
+    /// Whether a replaced projection can wait for its checks ([`super::retired`]), after
+    /// letting go of those whose checks have run.
+    fn retired_room(&self) -> bool {
+        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        r.collect(|e| self.runtime.event_done(e).unwrap_or(false));
+        r.has_room()
+    }
+
+    /// `old`, replaced by a new projection of its site, waits until the checks that may read
+    /// it have run: events recorded now on `stream` (behind the call, its check and the new
+    /// projection) and on the side stream (behind every detached check enqueued so far). One
+    /// of a site with captured checks is kept (its graphs may replay), as is one whose events
+    /// could not be recorded.
+    fn retire_weight(&self, old: SketchWeight, stream: Stream, captured: bool) {
+        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let mut events = Vec::new();
+        let mut recorded = !captured;
+        for s in [Some(stream), self.side_stream].into_iter().flatten() {
+            if !recorded {
+                break;
+            }
+            let event = match r.spare.pop() {
+                Some(e) => Ok(e),
+                None => self.runtime.create_sync_event(),
+            };
+            match event {
+                Ok(e) => {
+                    events.push(e);
+                    recorded = self.runtime.record_event(e, s).is_ok();
+                }
+                Err(_) => recorded = false,
+            }
+        }
+        if recorded {
+            r.wait(old, events);
+        } else {
+            r.spare.extend(events);
+            if r.keep(old) {
+                super::log::warn(&format!(
+                    "more than {} replaced sketch projections of captured sites: the oldest was released \
+                     (a graph still replaying its checks would read recycled memory)",
+                    super::retired::KEPT_MAX
+                ));
             }
         }
     }

@@ -13,6 +13,7 @@ pub mod graph_select;
 pub mod host;
 pub mod log;
 pub mod per_device;
+mod retired;
 pub mod sites;
 
 use crate::inject::{self, CallRewrite};
