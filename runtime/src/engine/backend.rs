@@ -119,6 +119,8 @@ pub enum Polled {
     Done(Box<CheckOutcome>),
     Failed {
         site_ordinal: u32,
+        /// The call the check was of (`CheckRequest::call_seq`).
+        call_seq: u64,
         reason: String,
     },
     /// A diagnosis pass asked for with [`Backend::diagnose`] finished.

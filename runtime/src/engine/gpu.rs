@@ -1528,7 +1528,11 @@ impl Backend for GpuBackend {
                     .or_insert(0) += 1;
             }
             if !sketch::slot_is_valid(&slot) {
-                out.push(Polled::Failed { site_ordinal, reason: status_reason(slot.status) });
+                out.push(Polled::Failed {
+                    site_ordinal,
+                    call_seq: slot.tag2,
+                    reason: status_reason(slot.status),
+                });
                 continue;
             }
             let mode = match slot.kind {

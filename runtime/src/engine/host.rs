@@ -146,7 +146,11 @@ impl Backend for HostBackend {
                 }
                 Polled::Done(Box::new(outcome))
             }
-            Err(reason) => Polled::Failed { site_ordinal: request.site_ordinal, reason: reason.0 },
+            Err(reason) => Polled::Failed {
+                site_ordinal: request.site_ordinal,
+                call_seq: request.call_seq,
+                reason: reason.0,
+            },
         };
         self.push(result);
         Ok(())

@@ -25,7 +25,7 @@ use crate::transport::{Client, ClientOptions};
 use backend::{Backend, CheckRequest, Diagnose, InjectRequest, Polled, SketchSettings};
 use config::{Config, DeviceChoice, DiagnoseMode, Mode};
 use sites::{Sampler, Sites};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -42,6 +42,9 @@ pub struct Engine {
     call_seq: AtomicU64,
     /// call_seq -> what the record of that call needs (bounded; captured calls replay theirs).
     pending: Mutex<PendingCalls>,
+    /// Eager calls whose check was enqueued and whose one result (or failure) has not arrived:
+    /// the exit waits for them (captured calls give a result per replay: not counted here).
+    outstanding: Mutex<HashSet<u64>>,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     closed: AtomicBool,
@@ -124,6 +127,9 @@ struct PendingCalls {
 const PENDING_CAP: usize = 8192;
 /// Longest the process exit waits for checks still on the device.
 const EXIT_GRACE: Duration = Duration::from_millis(500);
+/// Skip reason of a call whose check had not reported when the exit's grace ran out.
+pub const LATE_AT_EXIT: &str =
+    "no result before exit (the check was still running, or its result was dropped)";
 
 static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
 
@@ -372,6 +378,7 @@ impl Engine {
             stats: Stats::default(),
             call_seq: AtomicU64::new(0),
             pending: Mutex::new(PendingCalls::default()),
+            outstanding: Mutex::default(),
             poller: Mutex::new(None),
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -528,8 +535,15 @@ impl Engine {
             self.remember(call_seq, &call, site.name.clone(), injected, kernel);
         }
         if let Some(pre) = pre {
-            if let Err(skip) = backend.after_call(&request, pre) {
-                self.skip(&skip.0);
+            match backend.after_call(&request, pre) {
+                Err(skip) => self.skip(&skip.0),
+                Ok(()) if !args.stream().is_some_and(|s| s != 0 && backend.is_capturing(s)) => {
+                    let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+                    if o.len() < PENDING_CAP {
+                        o.insert(call_seq);
+                    }
+                }
+                Ok(()) => {}
             }
         }
         if diagnose_now {
@@ -784,6 +798,11 @@ impl Engine {
     }
 
     /// Turns finished checks into records; returns how many it handled.
+    /// The result (or failure) of call `call_seq`'s check arrived.
+    fn settled(&self, call_seq: u64) {
+        self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).remove(&call_seq);
+    }
+
     fn drain(&self) -> usize {
         let Some(backend) = self.backend.as_ref() else {
             return 0;
@@ -793,7 +812,10 @@ impl Engine {
         let n = out.len();
         for polled in out {
             match polled {
-                Polled::Failed { reason, .. } => self.skip(&reason),
+                Polled::Failed { reason, call_seq, .. } => {
+                    self.settled(call_seq);
+                    self.skip(&reason);
+                }
                 Polled::Diagnosis(d) => {
                     self.diagnosis_received(d.site_id, true);
                     self.send_diagnosis(*d);
@@ -804,6 +826,7 @@ impl Engine {
                     self.diagnosis_declined(site_id, true);
                 }
                 Polled::Done(mut o) => {
+                    self.settled(o.call_seq);
                     self.stats.checked.fetch_add(1, Ordering::Relaxed);
                     let meta = {
                         let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -906,7 +929,10 @@ impl Engine {
         loop {
             let n = self.drain();
             let checked = self.stats.checked.load(Ordering::Relaxed);
-            let checks_done = checked + self.skipped_total() >= expected;
+            // Results of graph replays count too, so the totals alone can be reached while an
+            // eager call's check is still on the device: those are waited for by name.
+            let outstanding = self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).len();
+            let checks_done = outstanding == 0 && checked + self.skipped_total() >= expected;
             let diagnosing = self.diagnoses_running.load(Ordering::Relaxed) > 0;
             if n == 0 && checks_done && !diagnosing {
                 break;
@@ -919,6 +945,11 @@ impl Engine {
             if n == 0 {
                 std::thread::sleep(Duration::from_millis(5));
             }
+        }
+        // Calls whose check did not report within the grace: counted, never lost silently.
+        let late = std::mem::take(&mut *self.outstanding.lock().unwrap_or_else(|e| e.into_inner()));
+        for _ in 0..late.len() {
+            self.skip(LATE_AT_EXIT);
         }
         let closing = |dropped| record::encode(&Record::Closing(self.closing_record(dropped)));
         let summary = match &self.client {

@@ -187,7 +187,11 @@ mod tests {
         fn poll(&self, out: &mut Vec<Polled>) {
             let n = self.calls.swap(0, Ordering::Relaxed);
             for _ in 0..n {
-                out.push(Polled::Failed { site_ordinal: self.ordinal as u32, reason: "served".into() });
+                out.push(Polled::Failed {
+                    site_ordinal: self.ordinal as u32,
+                    call_seq: 0,
+                    reason: "served".into(),
+                });
             }
         }
         fn capture_ending(&self, _: u64) {
