@@ -176,7 +176,16 @@ struct SiteGpu {
     /// A sketch check of this site was captured into a graph: its replays read the weight's
     /// projection for as long as the graph lives ([`super::retired`]).
     captured: bool,
+    /// Streams with checks of the current projection enqueued (a replaced projection waits
+    /// for events on each); None: more than [`WEIGHT_STREAMS_MAX`], so it is kept instead.
+    weight_streams: Option<Vec<Stream>>,
 }
+
+/// The warning about released kept projections is given once.
+static KEPT_OVERFLOW_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Streams a site's projection remembers its checks on ([`SiteGpu::weight_streams`]).
+const WEIGHT_STREAMS_MAX: usize = 8;
 
 /// What an on-stream or captured sketch check of one sampled-row count needs besides the weight.
 struct SketchRowState {
@@ -355,6 +364,9 @@ struct EagerSnapshot {
     /// Recorded on the side stream after the check.
     done: Event,
     pending: bool,
+    /// Work on it was enqueued whose end no event marks (a failed record): never handed out
+    /// again, since a later user could overwrite what that work still reads.
+    lost: bool,
 }
 
 impl EagerSnapshots {
@@ -367,8 +379,10 @@ impl EagerSnapshots {
         checker: &GpuChecker,
         bytes: u64,
     ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
-        let free =
-            self.slots.iter_mut().position(|s| !s.pending || runtime.event_done(s.done).unwrap_or(false));
+        let free = self
+            .slots
+            .iter_mut()
+            .position(|s| !s.lost && (!s.pending || runtime.event_done(s.done).unwrap_or(false)));
         let i = match free {
             Some(i) => i,
             None if self.slots.len() < EAGER_SNAPSHOTS => {
@@ -377,6 +391,7 @@ impl EagerSnapshots {
                     copied: runtime.create_sync_event()?,
                     done: runtime.create_sync_event()?,
                     pending: false,
+                    lost: false,
                 });
                 self.slots.len() - 1
             }
@@ -419,6 +434,9 @@ struct SideCheck {
     done: Event,
     /// A check was enqueued and `done` recorded after it.
     pending: bool,
+    /// A check was enqueued but `done` could not be recorded after it: the copies are never
+    /// reused (calls of this site skip the side stream's check from then on, counted).
+    lost: bool,
 }
 
 /// Finished compiles: the device image, or why it failed.
@@ -651,6 +669,7 @@ impl GpuBackend {
                     weight_changes_seen: 0,
                     c_saved: None,
                     captured: false,
+                    weight_streams: Some(Vec::new()),
                 },
             );
         }
@@ -714,7 +733,7 @@ impl GpuBackend {
             }
             // A projection being replaced may still be read by earlier checks: it waits for them.
             let retiring = site.weight.is_some();
-            if retiring && !site.captured && !self.retired_room() {
+            if retiring && !site.captured && site.weight_streams.is_some() && !self.retired_room() {
                 return Err(Skip::new("sketch: replaced projections are still in use by earlier checks"));
             }
             let w = self
@@ -725,10 +744,22 @@ impl GpuBackend {
                 site.weight_changes_seen = c; // projected from content B no longer holds
             }
             if let Some(old) = site.weight.replace(w) {
-                self.retire_weight(old, stream, site.captured);
+                let streams = site.weight_streams.take().filter(|_| !site.captured);
+                self.retire_weight(old, stream, streams);
             }
+            site.weight_streams = Some(Vec::new());
             site.weight_ptr = req.call.buffers.b;
             projected_now = true;
+        }
+        // This call's check (whatever path it takes) reads the projection from `stream`.
+        if let Some(streams) = site.weight_streams.as_mut() {
+            if !streams.contains(&stream) {
+                if streams.len() == WEIGHT_STREAMS_MAX {
+                    site.weight_streams = None;
+                } else {
+                    streams.push(stream);
+                }
+            }
         }
         if self.sketch_detach && !self.weights_rewritten(req.site_id) {
             let weight = site.weight.as_ref().expect("set above");
@@ -866,21 +897,22 @@ impl GpuBackend {
                     Ok(check) => check,
                     Err(skip) => return skip,
                 };
-                // From here the copy is enqueued: a failure leaves a copy nobody reads.
+                // From here the copy is enqueued: a failure leaves a copy nobody reads, into a
+                // buffer that is then never handed out again.
                 let rt = &self.runtime;
-                let r = rt
+                let queued = rt
                     .record_event(snap.copied, stream)
                     .and_then(|()| rt.wait_event(side, snap.copied))
-                    .and_then(|()| self.checker.launch_prepared(&check, side))
-                    .and_then(|()| rt.record_event(snap.done, side));
-                match r {
-                    Ok(()) => {
-                        snap.pending = true;
-                        st.eager_epoch += 1;
-                        Detach::Done
-                    }
-                    Err(e) => launch_err("side stream", e),
+                    .and_then(|()| self.checker.launch_prepared(&check, side));
+                if let Err(e) = queued {
+                    snap.lost = true;
+                    return launch_err("side stream", e);
                 }
+                // The check is enqueued: its result will come, so the call is not a skip.
+                snap.pending = true;
+                snap.lost = rt.record_event(snap.done, side).is_err();
+                st.eager_epoch += 1;
+                Detach::Done
             }
             Some(id) => {
                 // Captured: this capture's next snapshot buffer, the copy captured on the
@@ -998,15 +1030,20 @@ impl GpuBackend {
     }
 
     /// `old`, replaced by a new projection of its site, waits until the checks that may read
-    /// it have run: events recorded now on `stream` (behind the call, its check and the new
-    /// projection) and on the side stream (behind every detached check enqueued so far). One
-    /// of a site with captured checks is kept (its graphs may replay), as is one whose events
-    /// could not be recorded.
-    fn retire_weight(&self, old: SketchWeight, stream: Stream, captured: bool) {
+    /// it have run: events recorded now on every stream its checks were enqueued on
+    /// (`streams`; `stream`, the replacing call's, is behind its own check and the new
+    /// projection) and on the side stream (behind every detached check enqueued so far).
+    /// Kept instead when `streams` is None (a site with captured checks, whose graphs may
+    /// replay, or one used from too many streams) or an event cannot be recorded.
+    fn retire_weight(&self, old: SketchWeight, stream: Stream, streams: Option<Vec<Stream>>) {
         let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         let mut events = Vec::new();
-        let mut recorded = !captured;
-        for s in [Some(stream), self.side_stream].into_iter().flatten() {
+        let mut recorded = streams.is_some();
+        let mut on: Vec<Stream> = streams.unwrap_or_default();
+        on.extend([Some(stream), self.side_stream].into_iter().flatten());
+        on.sort_by_key(|s| s.0);
+        on.dedup();
+        for s in on {
             if !recorded {
                 break;
             }
@@ -1026,10 +1063,11 @@ impl GpuBackend {
             r.wait(old, events);
         } else {
             r.spare.extend(events);
-            if r.keep(old) {
+            if r.keep(old) && !KEPT_OVERFLOW_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 super::log::warn(&format!(
-                    "more than {} replaced sketch projections of captured sites: the oldest was released \
-                     (a graph still replaying its checks would read recycled memory)",
+                    "more than {} replaced sketch projections kept (sites with captured checks, or \
+                     used from many streams): the oldest are released from now on (a graph still \
+                     replaying their checks would read recycled memory)",
                     super::retired::KEPT_MAX
                 ));
             }
@@ -1178,10 +1216,10 @@ impl GpuBackend {
             self.note_check_node(req, run_on, Some(gate_field!(abi::QsCompareParams)));
         }
         if let Some(side) = state.side.as_mut().filter(|_| side_stream.is_some()) {
-            self.runtime
-                .record_event(side.done, run_on)
-                .map_err(|e| Skip::new(format!("side stream event: {}", short(&e.to_string()))))?;
+            // The compare is enqueued and its result will come: a failed record is not a skip,
+            // but the copies are then never reused (their readers' end is unknown).
             side.pending = true;
+            side.lost = self.runtime.record_event(side.done, run_on).is_err();
         }
         Ok(())
     }
@@ -1203,9 +1241,18 @@ impl GpuBackend {
         if state.side.is_none() {
             let inputs_ready = rt.create_sync_event().map_err(|e| fail("side stream event", e))?;
             let done = rt.create_sync_event().map_err(|e| fail("side stream event", e))?;
-            state.side = Some(SideCheck { copies: Default::default(), inputs_ready, done, pending: false });
+            state.side = Some(SideCheck {
+                copies: Default::default(),
+                inputs_ready,
+                done,
+                pending: false,
+                lost: false,
+            });
         }
         let sc = state.side.as_mut().expect("set above");
+        if sc.lost {
+            return Err(Skip::new("rows/full side stream: an earlier check's end could not be recorded"));
+        }
         if sc.pending {
             if !rt.event_done(sc.done).map_err(|e| fail("side stream event", e))? {
                 return Err(Skip::new("previous rows/full check of this site still running"));

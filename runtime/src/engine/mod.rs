@@ -25,7 +25,7 @@ use crate::transport::{Client, ClientOptions};
 use backend::{Backend, CheckRequest, Diagnose, InjectRequest, Polled, SketchSettings};
 use config::{Config, DeviceChoice, DiagnoseMode, Mode};
 use sites::{Sampler, Sites};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -42,9 +42,11 @@ pub struct Engine {
     call_seq: AtomicU64,
     /// call_seq -> what the record of that call needs (bounded; captured calls replay theirs).
     pending: Mutex<PendingCalls>,
-    /// Eager calls whose check was enqueued and whose one result (or failure) has not arrived:
-    /// the exit waits for them (captured calls give a result per replay: not counted here).
-    outstanding: Mutex<HashSet<u64>>,
+    /// Eager calls whose check was enqueued and whose one result (or failure) has not arrived,
+    /// with when: the exit waits for them (captured calls give a result per replay: not
+    /// tracked). Entries older than [`OUTSTANDING_STALE`] are let go: their results were
+    /// dropped (full ring or queue, counted in the closing record's `dropped`).
+    outstanding: Mutex<HashMap<u64, Instant>>,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     closed: AtomicBool,
@@ -128,8 +130,9 @@ const PENDING_CAP: usize = 8192;
 /// Longest the process exit waits for checks still on the device.
 const EXIT_GRACE: Duration = Duration::from_millis(500);
 /// Skip reason of a call whose check had not reported when the exit's grace ran out.
-pub const LATE_AT_EXIT: &str =
-    "no result before exit (the check was still running, or its result was dropped)";
+pub const LATE_AT_EXIT: &str = "no result before exit (the check was still running)";
+/// A check not reported this long after its call: its result was dropped (counted there).
+const OUTSTANDING_STALE: Duration = Duration::from_secs(10);
 
 static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
 
@@ -535,15 +538,15 @@ impl Engine {
             self.remember(call_seq, &call, site.name.clone(), injected, kernel);
         }
         if let Some(pre) = pre {
-            match backend.after_call(&request, pre) {
-                Err(skip) => self.skip(&skip.0),
-                Ok(()) if !args.stream().is_some_and(|s| s != 0 && backend.is_capturing(s)) => {
-                    let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-                    if o.len() < PENDING_CAP {
-                        o.insert(call_seq);
-                    }
+            // Tracked before the check is enqueued: its result may be polled before after_call
+            // returns (the host backend's is ready at once).
+            let tracked = !args.stream().is_some_and(|s| s != 0 && backend.is_capturing(s))
+                && self.track_outstanding(call_seq);
+            if let Err(skip) = backend.after_call(&request, pre) {
+                if tracked {
+                    self.settled(call_seq);
                 }
-                Ok(()) => {}
+                self.skip(&skip.0);
             }
         }
         if diagnose_now {
@@ -798,9 +801,31 @@ impl Engine {
     }
 
     /// Turns finished checks into records; returns how many it handled.
+    /// Starts waiting for call `call_seq`'s one result; false when the set is full even after
+    /// letting go of stale entries (the call is then not waited for at exit).
+    fn track_outstanding(&self, call_seq: u64) -> bool {
+        let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if o.len() >= PENDING_CAP {
+            o.retain(|_, t| now.duration_since(*t) < OUTSTANDING_STALE);
+        }
+        if o.len() >= PENDING_CAP {
+            return false;
+        }
+        o.insert(call_seq, now);
+        true
+    }
+
     /// The result (or failure) of call `call_seq`'s check arrived.
     fn settled(&self, call_seq: u64) {
         self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).remove(&call_seq);
+    }
+
+    /// Calls still waited for (not stale).
+    fn outstanding_now(&self) -> usize {
+        let now = Instant::now();
+        let o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        o.values().filter(|t| now.duration_since(**t) < OUTSTANDING_STALE).count()
     }
 
     fn drain(&self) -> usize {
@@ -931,8 +956,7 @@ impl Engine {
             let checked = self.stats.checked.load(Ordering::Relaxed);
             // Results of graph replays count too, so the totals alone can be reached while an
             // eager call's check is still on the device: those are waited for by name.
-            let outstanding = self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).len();
-            let checks_done = outstanding == 0 && checked + self.skipped_total() >= expected;
+            let checks_done = self.outstanding_now() == 0 && checked + self.skipped_total() >= expected;
             let diagnosing = self.diagnoses_running.load(Ordering::Relaxed) > 0;
             if n == 0 && checks_done && !diagnosing {
                 break;
@@ -947,8 +971,7 @@ impl Engine {
             }
         }
         // Calls whose check did not report within the grace: counted, never lost silently.
-        let late = std::mem::take(&mut *self.outstanding.lock().unwrap_or_else(|e| e.into_inner()));
-        for _ in 0..late.len() {
+        for _ in 0..self.outstanding_now() {
             self.skip(LATE_AT_EXIT);
         }
         let closing = |dropped| record::encode(&Record::Closing(self.closing_record(dropped)));
