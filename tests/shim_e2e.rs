@@ -220,6 +220,37 @@ fn missing_collector_neither_hangs_nor_fails_the_program() {
 }
 
 #[test]
+fn a_run_file_held_by_another_process_is_named_and_nothing_is_lost() {
+    use quantshadow_runtime::transport::{Client, ClientOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared.qsr");
+    // This test process holds the file first (a rank or worker given the same path).
+    let holder = Client::start(Address::File(shared.clone()), ClientOptions::default());
+    assert!(holder.send(b"from the holder".to_vec()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !shared.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let plain = fixture("linear", &[], false);
+    let address = format!("file:{}", shared.display());
+    let out = fixture("linear", &[("QUANTSHADOW_COLLECTOR", address.as_str())], true);
+    assert_eq!(stdout(&out), stdout(&plain));
+    // The shim has no tracing subscriber: the transport's warning must reach its own log.
+    let err = stderr(&out);
+    assert!(err.contains("is held by another process; this process writes"), "{err}");
+    holder.close(|_| b"closing".to_vec(), Duration::from_secs(5));
+    let own: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p != &shared && p.to_string_lossy().starts_with(&*shared.to_string_lossy()))
+        .collect();
+    assert_eq!(own.len(), 1, "one per-process file: {own:?}");
+    let run = load_run_file(&own[0]).unwrap();
+    assert_eq!(closing(&run.records).len(), 1, "the shim's run, closing record included, is in {own:?}");
+}
+
+#[test]
 fn invalid_environment_gives_one_line_and_safe_defaults() {
     let plain = fixture("linear", &[], false);
     let out = fixture("linear", &[("QUANTSHADOW_MODE", "fastest"), ("QUANTSHADOW_SAMPLE", "often")], true);

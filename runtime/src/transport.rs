@@ -455,7 +455,9 @@ impl Client {
                 Some(handle)
             }
             Err(e) => {
-                tracing::warn!("quantshadow: cannot start the sender thread ({e}); records will be dropped");
+                crate::engine::log::shared_warn(&format!(
+                    "cannot start the sender thread ({e}); records will be dropped"
+                ));
                 shared.accepting.store(false, Ordering::Release);
                 shared.set_progress(|p| {
                     p.drained = true;
@@ -936,11 +938,11 @@ impl Sender {
                 let (mut w, _recovery) = match RunWriter::open_append(path) {
                     Err(crate::runfile::RunFileError::Locked { .. }) => {
                         let own = per_process_path(path);
-                        tracing::warn!(
+                        crate::engine::log::shared_warn(&format!(
                             "{} is held by another process; this process writes {}",
                             path.display(),
                             own.display()
-                        );
+                        ));
                         RunWriter::open_append(&own).map_err(|e| e.to_string())?
                     }
                     other => other.map_err(|e| e.to_string())?,

@@ -596,7 +596,9 @@ impl GpuChecker {
                     // every later one (a refusal would repeat: two driver calls per check).
                     Err(e) => {
                         if self.early_start.swap(false, Ordering::Relaxed) {
-                            tracing::warn!("early start refused ({e}): checks launch in order from now on");
+                            crate::engine::log::shared_warn(&format!(
+                                "early start refused ({e}): checks launch in order from now on"
+                            ));
                         }
                     }
                 }

@@ -114,9 +114,10 @@ impl KernelRegistry {
             if let Ok(image) = std::fs::read(path) {
                 match load(runtime, build, &image, ProgramOrigin::DiskCache) {
                     Ok(p) => return Ok(p),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "cached kernel image refused; recompiling")
-                    }
+                    Err(e) => crate::engine::log::shared_warn(&format!(
+                        "cached kernel image {} refused ({e}); recompiling",
+                        path.display()
+                    )),
                 }
             }
         }
@@ -235,10 +236,9 @@ fn parse_experiment_defines(text: &str) -> Vec<(String, String)> {
         {
             out.push((name.to_string(), value.to_string()));
         } else {
-            tracing::warn!(
-                define = item,
-                "QUANTSHADOW_KERNEL_DEFINES entry ignored (NAME or NAME=VALUE expected)"
-            );
+            crate::engine::log::shared_warn(&format!(
+                "QUANTSHADOW_KERNEL_DEFINES entry {item:?} ignored (NAME or NAME=VALUE expected)"
+            ));
         }
     }
     out

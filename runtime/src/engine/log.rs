@@ -35,3 +35,15 @@ pub fn info(message: &str) {
 pub fn debug(message: &str) {
     emit(LogLevel::Debug, "debug", message)
 }
+
+/// A warning of a layer the CLI shares (device runtime, kernel registry, transport): through
+/// `tracing` where the process installed a subscriber (the CLI does), else on this log. The
+/// shim installs none (a global subscriber inside someone else's process would take theirs),
+/// so `tracing` events alone would never be seen there.
+pub fn shared_warn(message: &str) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!("{message}");
+    } else {
+        warn(message);
+    }
+}
