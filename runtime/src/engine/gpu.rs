@@ -173,11 +173,10 @@ struct SiteGpu {
     /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
     /// reads C from it (the call overwrote C in place).
     c_saved: Option<(u64, u64)>,
-    /// A sketch check of this site was captured into a graph: its replays read the weight's
-    /// projection for as long as the graph lives ([`super::retired`]).
-    captured: bool,
-    /// Streams with checks of the current projection enqueued (a replaced projection waits
-    /// for events on each); None: more than [`WEIGHT_STREAMS_MAX`], so it is kept instead.
+    /// Streams with checks of the current projection enqueued: once replaced, it waits for
+    /// events on each ([`super::retired`]). None: it is kept instead, because a check of it was
+    /// captured into a graph (replays read it for as long as the graph lives) or it was used
+    /// from more than [`WEIGHT_STREAMS_MAX`] streams.
     weight_streams: Option<Vec<Stream>>,
 }
 
@@ -668,7 +667,6 @@ impl GpuBackend {
                     c_copies: HashMap::new(),
                     weight_changes_seen: 0,
                     c_saved: None,
-                    captured: false,
                     weight_streams: Some(Vec::new()),
                 },
             );
@@ -722,7 +720,6 @@ impl GpuBackend {
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
-        site.captured |= capturing;
         let changed = changes.filter(|c| *c > site.weight_changes_seen);
         // W_R projected by this call is written just ahead of the check on the stream: the
         // check then keeps the ordinary launch (an early start reads W_R before its wait).
@@ -733,7 +730,7 @@ impl GpuBackend {
             }
             // A projection being replaced may still be read by earlier checks: it waits for them.
             let retiring = site.weight.is_some();
-            if retiring && !site.captured && site.weight_streams.is_some() && !self.retired_room() {
+            if retiring && site.weight_streams.is_some() && !self.retired_room() {
                 return Err(Skip::new("sketch: replaced projections are still in use by earlier checks"));
             }
             let w = self
@@ -744,15 +741,17 @@ impl GpuBackend {
                 site.weight_changes_seen = c; // projected from content B no longer holds
             }
             if let Some(old) = site.weight.replace(w) {
-                let streams = site.weight_streams.take().filter(|_| !site.captured);
-                self.retire_weight(old, stream, streams);
+                self.retire_weight(old, stream, site.weight_streams.take());
             }
             site.weight_streams = Some(Vec::new());
             site.weight_ptr = req.call.buffers.b;
             projected_now = true;
         }
-        // This call's check (whatever path it takes) reads the projection from `stream`.
-        if let Some(streams) = site.weight_streams.as_mut() {
+        // This call's check (whatever path it takes) reads the projection from `stream`, or
+        // from every replay of the graph being captured.
+        if capturing {
+            site.weight_streams = None;
+        } else if let Some(streams) = site.weight_streams.as_mut() {
             if !streams.contains(&stream) {
                 if streams.len() == WEIGHT_STREAMS_MAX {
                     site.weight_streams = None;
@@ -1033,8 +1032,8 @@ impl GpuBackend {
     /// it have run: events recorded now on every stream its checks were enqueued on
     /// (`streams`; `stream`, the replacing call's, is behind its own check and the new
     /// projection) and on the side stream (behind every detached check enqueued so far).
-    /// Kept instead when `streams` is None (a site with captured checks, whose graphs may
-    /// replay, or one used from too many streams) or an event cannot be recorded.
+    /// Kept instead when `streams` is None ([`SiteGpu::weight_streams`]) or an event cannot be
+    /// recorded.
     fn retire_weight(&self, old: SketchWeight, stream: Stream, streams: Option<Vec<Stream>>) {
         let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         let mut events = Vec::new();

@@ -426,12 +426,18 @@ impl Engine {
         // Inside a graph capture a host-side decision would be frozen into every replay: checks
         // (sketch, rows, full) are recorded with the rule instead, and the device decides at
         // each replay.
+        // Whether the call's stream is capturing a graph: asked of the driver at most once.
+        let capture = std::cell::OnceCell::new();
+        let capturing = || {
+            *capture.get_or_init(|| {
+                self.backend
+                    .as_ref()
+                    .is_some_and(|b| args.stream().is_some_and(|s| s != 0 && b.is_capturing(s)))
+            })
+        };
         let gated = self.config.sampling != config::Sampling::ALL
             && matches!(self.config.mode, Mode::Check(_))
-            && self
-                .backend
-                .as_ref()
-                .is_some_and(|b| args.stream().is_some_and(|s| s != 0 && b.is_capturing(s)));
+            && capturing();
         // Fault injection and pending diagnoses act on calls the sampling passes over too.
         let extra = self.config.inject.is_some() || self.diagnoses_wanted.load(Ordering::Relaxed) > 0;
         if !sampled && !gated && !extra {
@@ -540,8 +546,7 @@ impl Engine {
         if let Some(pre) = pre {
             // Tracked before the check is enqueued: its result may be polled before after_call
             // returns (the host backend's is ready at once).
-            let tracked = !args.stream().is_some_and(|s| s != 0 && backend.is_capturing(s))
-                && self.track_outstanding(call_seq);
+            let tracked = !capturing() && self.track_outstanding(call_seq);
             if let Err(skip) = backend.after_call(&request, pre) {
                 if tracked {
                     self.settled(call_seq);
