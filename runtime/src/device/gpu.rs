@@ -14,6 +14,7 @@ use super::pool::{DevicePool, PoolBlock};
 use super::registry::{KernelRegistry, LoadedProgram};
 use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, LaunchOrder, MappedHost, Stream};
 use crate::formats::Format;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -198,6 +199,33 @@ pub enum BranchDeps<'a> {
 }
 
 /// One device's programs, ring and launch helpers.
+/// A sketch program: A, B and D formats and the padded probe count ([`KernelBuild::sketch_kp`]).
+type SketchProgramKey = (Format, Format, Format, u32);
+
+/// The entries of one loaded sketch program (see [`abi::lean_sketch_formats`] for `lean`). Resolved once per program: a checked call then
+/// builds no program key and looks no entry up by name (together ~9 us of host time per checked
+/// call, measured inside PyTorch on an H100 host, docs/measurements/2026-11-27-h100-host-cost.md).
+#[derive(Debug, Clone, Copy)]
+pub struct SketchEntries {
+    check: super::Function,
+    /// Only where the formats have a lean check.
+    lean: Option<super::Function>,
+    snap: super::Function,
+    snap_rows: super::Function,
+}
+
+impl SketchEntries {
+    fn resolve(program: &LoadedProgram, a: Format, d: Format) -> Result<SketchEntries, DeviceError> {
+        let entry = |stem: &str| program.function(&format!("{stem}_{}_{}", a.name(), d.name()));
+        Ok(SketchEntries {
+            check: entry("qs_sketch_check")?,
+            lean: if abi::lean_sketch_formats(a, d) { Some(entry("qs_sketch_lean")?) } else { None },
+            snap: entry("qs_sketch_snap")?,
+            snap_rows: entry("qs_sketch_snap_rows")?,
+        })
+    }
+}
+
 pub struct GpuChecker {
     runtime: Arc<dyn GpuRuntime>,
     pub info: DeviceInfo,
@@ -219,6 +247,11 @@ pub struct GpuChecker {
     early_start: AtomicBool,
     /// Launches that started early (the selftest shows that the path ran).
     early_launches: AtomicU64,
+    /// The result ring's descriptor, apart from the ring: the poller holds the ring's lock while
+    /// it reads slots, and every check's parameters need the descriptor.
+    ring_desc: Mutex<abi::QsRingDesc>,
+    /// The entries of each sketch program, resolved once (see [`SketchEntries`]).
+    sketch_entries: Mutex<HashMap<SketchProgramKey, SketchEntries>>,
 }
 
 /// Where sketch checks may take the lean kernel (`QUANTSHADOW_SKETCH_LEAN`).
@@ -433,12 +466,14 @@ impl GpuChecker {
             runtime,
             info,
             registry,
-            ring: Mutex::new(ring),
             pool: None,
             lean_sketch: AtomicBool::new(false),
             lean_in_graphs: AtomicBool::new(false),
             early_start: AtomicBool::new(false),
             early_launches: AtomicU64::new(0),
+            ring_desc: Mutex::new(ring.desc()),
+            ring: Mutex::new(ring),
+            sketch_entries: Mutex::new(HashMap::new()),
         };
         checker.apply(choices);
         Ok(checker)
@@ -491,7 +526,50 @@ impl GpuChecker {
 
     /// Puts `ring` back in place; returns the one it replaces.
     pub fn replace_ring_with(&self, ring: ResultRing) -> ResultRing {
-        std::mem::replace(&mut *self.ring.lock().unwrap_or_else(|e| e.into_inner()), ring)
+        let mut current = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        *self.ring_desc.lock().unwrap_or_else(|e| e.into_inner()) = ring.desc();
+        std::mem::replace(&mut *current, ring)
+    }
+
+    /// The result ring's descriptor (never waits for the poller).
+    fn ring_desc(&self) -> abi::QsRingDesc {
+        *self.ring_desc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entries of the sketch program for (a, b, d, kp), compiling or loading it if needed.
+    pub fn sketch_entries(
+        &self,
+        a: Format,
+        b: Format,
+        d: Format,
+        kp: u32,
+    ) -> Result<SketchEntries, DeviceError> {
+        if let Some(e) = self.sketch_entries.lock().unwrap_or_else(|e| e.into_inner()).get(&(a, b, d, kp)) {
+            return Ok(*e);
+        }
+        let program = self.program(&KernelBuild::sketch_kp(a, b, d, kp).map_err(abi_err)?)?;
+        self.remember_sketch_entries((a, b, d, kp), &program)
+    }
+
+    /// [`Self::sketch_entries`] where the program is loaded already; None otherwise (never
+    /// compiles: the caller decides how a program gets loaded).
+    pub fn loaded_sketch_entries(&self, a: Format, b: Format, d: Format, kp: u32) -> Option<SketchEntries> {
+        if let Some(e) = self.sketch_entries.lock().unwrap_or_else(|e| e.into_inner()).get(&(a, b, d, kp)) {
+            return Some(*e);
+        }
+        let program = self.registry.loaded(&KernelBuild::sketch_kp(a, b, d, kp).ok()?)?;
+        self.remember_sketch_entries((a, b, d, kp), &program).ok()
+    }
+
+    fn remember_sketch_entries(
+        &self,
+        key: SketchProgramKey,
+        program: &LoadedProgram,
+    ) -> Result<SketchEntries, DeviceError> {
+        // Functions stay valid while the registry holds their program: for the checker's life.
+        let entries = SketchEntries::resolve(program, key.0, key.2)?;
+        self.sketch_entries.lock().unwrap_or_else(|e| e.into_inner()).insert(key, entries);
+        Ok(entries)
     }
 
     /// Takes every later buffer from `pool` instead of the driver.
@@ -655,18 +733,17 @@ impl GpuChecker {
         captured: bool,
     ) -> Result<(PreparedLaunch<abi::QsSnapParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
         let (a, b, d) = (format_of(g.a.format)?, format_of(g.b.format)?, format_of(g.d.format)?);
-        let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
-        let copy = self.prepare_kernel(
-            &build,
-            &format!(
-                "qs_sketch_snap_{}{}_{}",
-                if super::snapshot::SnapshotLayout::lean_copy(g) { "rows_" } else { "" },
-                a.name(),
-                d.name()
-            ),
-            layout.launch,
-            layout.params(g, rows, base, epoch_counter),
-        )?;
+        let entries = self.sketch_entries(a, b, d, weight.kp)?;
+        let copy = PreparedLaunch {
+            function: if super::snapshot::SnapshotLayout::lean_copy(g) {
+                entries.snap_rows
+            } else {
+                entries.snap
+            },
+            config: layout.launch,
+            params: layout.params(g, rows, base, epoch_counter),
+            early_start: false,
+        };
         let packed = layout.packed_desc(g, base);
         let mut check = self.prepare_sketch_check(
             &packed,
@@ -731,7 +808,7 @@ impl GpuChecker {
         let r = request;
         let d_format = format_of(r.d.format)?;
         let build = KernelBuild::compare(d_format).map_err(abi_err)?;
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).desc();
+        let ring = self.ring_desc();
         let params = QsCompareParams {
             d: r.d,
             rows: r.rows,
@@ -983,21 +1060,21 @@ impl GpuChecker {
         captured: bool,
     ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
         let b = format_of(g.b.format)?;
-        let build = KernelBuild::sketch_kp(a, b, d, weight.kp).map_err(abi_err)?;
+        let entries = self.sketch_entries(a, b, d, weight.kp)?;
         let mut params = self.sketch_params(g, rows, weight, scratch, tag);
-        let (kernel, launch) = match weight.wfrag.as_ref() {
+        let (function, config) = match weight.wfrag.as_ref() {
             Some(wfrag) if self.sketch_takes_lean(g, weight, rows.count, captured) => {
                 params.wfrag_ptr = wfrag.ptr;
                 params.splits = abi::LEAN_SPLITS as u32;
                 params.rows_per_group = abi::LEAN_ROWS as u32;
-                ("lean", abi::lean_sketch_launch(rows.count).map_err(abi_err)?)
+                let lean = entries.lean.ok_or_else(|| {
+                    DeviceError::Unsupported(format!("no lean sketch entry for {} -> {}", a.name(), d.name()))
+                })?;
+                (lean, abi::lean_sketch_launch(rows.count).map_err(abi_err)?)
             }
-            _ => ("check", scratch.geometry.launch),
+            _ => (entries.check, scratch.geometry.launch),
         };
-        let entry = format!("qs_sketch_{kernel}_{}_{}", a.name(), d.name());
-        let mut check = self.prepare_kernel(&build, &entry, launch, params)?;
-        check.early_start = !captured && self.early_start();
-        Ok(check)
+        Ok(PreparedLaunch { function, config, params, early_start: !captured && self.early_start() })
     }
 
     /// Whether a sketch check of `rows` rows of the call `g` prepared now takes `qs_sketch_lean`.
@@ -1027,7 +1104,7 @@ impl GpuChecker {
         scratch: &SketchScratch,
         tag: (u64, u64),
     ) -> QsSketchParams {
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).desc();
+        let ring = self.ring_desc();
         let geo = &scratch.geometry;
         QsSketchParams {
             g: g.sketch_view(),

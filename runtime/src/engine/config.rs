@@ -179,6 +179,45 @@ impl SideStreamUse {
     }
 }
 
+/// `QUANTSHADOW_SKETCH_DETACH`: which GPU sketch checks copy their sampled rows on the caller's
+/// stream and run off it (a side stream, or a CUDA graph branch nothing waits for) instead of
+/// running whole on the caller's stream right after the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SketchDetach {
+    /// None: every check on the caller's stream.
+    Off,
+    /// Checks captured into CUDA graphs only (the default). Eager checks stay on the stream:
+    /// measured in one process against the paused shim, detaching them made no Llama prefill
+    /// cheaper (+30.2/+20.6% detached against +16.7/+19.3% on the stream, two processes at
+    /// 8b widths, docs/measurements/2026-11-26-h100-batched-checks.md),
+    /// and it skips the calls that find their site's earlier check still running, so that
+    /// "sample all" checked only a share of them. A captured check, detached, runs after the
+    /// replay's last kernel and keeps the graph's GEMMs to themselves (graph decode at Llama-8B
+    /// widths: -8.3% tokens/s, docs/measurements/2026-11-25-h100-copy-beside.md).
+    Graphs,
+    /// Eager checks too (from 64 sampled rows): the caller's stream pays a copy of the rows.
+    On,
+}
+
+impl SketchDetach {
+    /// Whether a check of a call on a stream that is (or is not) capturing is detached.
+    pub fn applies(self, capturing: bool) -> bool {
+        match self {
+            SketchDetach::Off => false,
+            SketchDetach::Graphs => capturing,
+            SketchDetach::On => true,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SketchDetach::Off => "off",
+            SketchDetach::Graphs => "graphs",
+            SketchDetach::On => "on",
+        }
+    }
+}
+
 /// A switch value: `on`/`1`/`true` or `off`/`0`/`false` (any case, spaces trimmed).
 pub(crate) fn on_off(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -207,10 +246,8 @@ pub struct Config {
     /// `QUANTSHADOW_COMPILE=sync`: the first call needing a kernel waits for its compile
     /// (offline validation); default `async`: such calls are skipped until it is ready.
     pub sync_compile: bool,
-    /// `QUANTSHADOW_SKETCH_DETACH=on` (default): GPU sketch checks copy the sampled rows on the
-    /// caller's stream and run off it (side stream, or a graph branch nothing waits for);
-    /// `off`: the whole check runs on the caller's stream right after the call.
-    pub sketch_detach: bool,
+    /// `QUANTSHADOW_SKETCH_DETACH` = graphs (default) | on | off: see [`SketchDetach`].
+    pub sketch_detach: SketchDetach,
     /// `QUANTSHADOW_GRAPH_SELECT=on` (default): a CUDA graph whose checks were captured with a
     /// sampling rule launches, per replay, a plain or a checked clone chosen on the host
     /// (`engine::graph_select`); `off`: the captured graph runs and its checks decide on the
@@ -332,11 +369,18 @@ impl Config {
             },
         };
         let sketch_detach = match parsed("QUANTSHADOW_SKETCH_DETACH") {
-            None => true,
-            Some(v) => on_off(&v).unwrap_or_else(|| {
-                bad.push(format!("QUANTSHADOW_SKETCH_DETACH={v:?} is not on or off; using on"));
-                true
-            }),
+            None => SketchDetach::Graphs,
+            Some(v) if v.trim().eq_ignore_ascii_case("graphs") => SketchDetach::Graphs,
+            Some(v) => match on_off(&v) {
+                Some(true) => SketchDetach::On,
+                Some(false) => SketchDetach::Off,
+                None => {
+                    bad.push(format!(
+                        "QUANTSHADOW_SKETCH_DETACH={v:?} is not graphs, on or off; using graphs"
+                    ));
+                    SketchDetach::Graphs
+                }
+            },
         };
         let graph_select = match parsed("QUANTSHADOW_GRAPH_SELECT") {
             None => true,
@@ -440,7 +484,7 @@ impl Config {
             ("rows".into(), self.check_rows.to_string()),
             ("seed".into(), self.seed.to_string()),
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
-            ("sketch_detach".into(), if self.sketch_detach { "on" } else { "off" }.into()),
+            ("sketch_detach".into(), self.sketch_detach.name().into()),
             ("graph_select".into(), if self.graph_select { "on" } else { "off" }.into()),
             (
                 "side_stream".into(),
@@ -572,7 +616,7 @@ mod tests {
             ("QUANTSHADOW_SIDE_STREAM", "sideways"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Sketch));
-        assert!(c.sketch_detach, "an invalid value keeps the default");
+        assert_eq!(c.sketch_detach, SketchDetach::Graphs, "an invalid value keeps the default");
         assert_eq!(c.sampling, Sampling { first: 0, every: 100 });
         assert!(c.collector.is_none());
         assert_eq!(c.log, LogLevel::Warn);
@@ -590,7 +634,7 @@ mod tests {
         assert!(c
             .warnings
             .iter()
-            .any(|w| w.contains("QUANTSHADOW_SKETCH_DETACH=\"sometimes\" is not on or off")));
+            .any(|w| w.contains("QUANTSHADOW_SKETCH_DETACH=\"sometimes\" is not graphs, on or off")));
     }
 
     #[test]
@@ -605,7 +649,12 @@ mod tests {
             ("QUANTSHADOW_GRAPH_SELECT", "off"),
         ]);
         assert_eq!(c.mode, Mode::Check(CheckMode::Rows));
-        assert!(!c.sketch_detach);
+        assert_eq!(c.sketch_detach, SketchDetach::Off);
+        assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_DETACH", " ON ")]).sketch_detach, SketchDetach::On);
+        assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_DETACH", "Graphs")]).sketch_detach, SketchDetach::Graphs);
+        assert_eq!(cfg(&[]).sketch_detach, SketchDetach::Graphs);
+        assert!(SketchDetach::Graphs.applies(true) && !SketchDetach::Graphs.applies(false));
+        assert!(SketchDetach::On.applies(false) && !SketchDetach::Off.applies(true));
         assert!(!c.graph_select);
         assert_eq!(c.collector, Some(Address::Unix("/tmp/x.sock".into())));
         assert_eq!(c.label, "fp8-rowwise");

@@ -41,7 +41,7 @@ pub struct GpuSettings {
     /// Compile missing kernels in the calling thread (blocking it) instead of in the background.
     pub sync_compile: bool,
     /// Detached sketch checks (`QUANTSHADOW_SKETCH_DETACH`, see [`DetachedState`]).
-    pub sketch_detach: bool,
+    pub sketch_detach: super::config::SketchDetach,
     /// Graph launch selection (`QUANTSHADOW_GRAPH_SELECT`, see `engine::graph_select`).
     pub graph_select: bool,
     /// Eager checks may run off the caller's stream (`QUANTSHADOW_SIDE_STREAM` decided for the
@@ -465,7 +465,7 @@ pub struct GpuBackend {
     inject: Mutex<gpu_inject::InjectState>,
     /// Diagnosis passes running.
     diagnoses: gpu_diagnose::Diagnoses,
-    sketch_detach: bool,
+    sketch_detach: super::config::SketchDetach,
     /// Pool bytes held by snapshot buffers of captured checks (bounded: a quarter of the pool).
     graph_snapshot_bytes: std::sync::atomic::AtomicU64,
     /// Snapshot buffers of eager detached checks (taken under the sites lock).
@@ -714,8 +714,11 @@ impl GpuBackend {
             return self.rows_or_full(&rows, g, buffers, stream, capturing);
         }
         let kp = abi::padded_probes(req.sketch.probes).map_err(|e| Skip::new(format!("sketch: {e}")))?;
-        let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
-        self.ensure_program(&build, capturing)?;
+        if self.checker.loaded_sketch_entries(a, b, d, kp).is_none() {
+            // Until the program is loaded: compiled in the background, or here in sync mode.
+            let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
+            self.ensure_program(&build, capturing)?;
+        }
         let total_rows = g.total_rows();
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
@@ -760,7 +763,7 @@ impl GpuBackend {
                 }
             }
         }
-        if self.sketch_detach && !self.weights_rewritten(req.site_id) {
+        if self.sketch_detach.applies(capturing) && !self.weights_rewritten(req.site_id) {
             let weight = site.weight.as_ref().expect("set above");
             match self.sketch_detached(req, g, &sample, weight, &mut site.detached, stream, capturing) {
                 Detach::Done => return Ok(()),
@@ -1488,13 +1491,13 @@ impl Backend for GpuBackend {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
         let p = &req.call.problem;
-        let _relaxed = RelaxedCapture::new(self.runtime.as_ref());
         let in_place = p.c.is_some()
             && req.call.buffers.c == req.call.buffers.d
             && p.beta != crate::problem::Scalar::Host(0.0);
         if !in_place {
             return Ok(PreCall::default());
         }
+        let _relaxed = RelaxedCapture::new(self.runtime.as_ref());
         // The call overwrites C with D: copy C first (on the call's stream, so the copy is
         // ordered before the call and is recorded into a capture like the check itself).
         let stream = Stream(req.call.stream);
@@ -1707,7 +1710,7 @@ mod tests {
                 pool_bytes: 1 << 20,
                 ring_capacity: 16,
                 sync_compile,
-                sketch_detach: false,
+                sketch_detach: crate::engine::config::SketchDetach::Off,
                 graph_select: false,
                 side_stream: false,
                 kernels: Default::default(),
@@ -1730,6 +1733,33 @@ mod tests {
             assert!(reasons.iter().all(|r| r.starts_with("kernel compile failed")), "{reasons:?}");
             assert_eq!(rt.compiles.load(Ordering::SeqCst) - before, 1, "sync {sync_compile}: compiled once");
         }
+    }
+
+    #[test]
+    fn the_per_call_entry_lookup_never_compiles() {
+        // A checked call asks for the sketch program's entries without compiling: until the
+        // program is loaded, the compile policy (background, or sync outside captures) decides.
+        let rt = Arc::new(FakeRuntime::default()); // its compiler always fails
+        let settings = GpuSettings {
+            pool_bytes: 1 << 20,
+            ring_capacity: 16,
+            sync_compile: true,
+            sketch_detach: crate::engine::config::SketchDetach::Graphs,
+            graph_select: false,
+            side_stream: false,
+            kernels: Default::default(),
+        };
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let before = rt.compiles.load(Ordering::SeqCst);
+        let bf16 = Format::Bf16;
+        for _ in 0..3 {
+            assert!(backend.checker.loaded_sketch_entries(bf16, bf16, bf16, 32).is_none());
+        }
+        assert_eq!(rt.compiles.load(Ordering::SeqCst), before, "a lookup compiled");
+        // The resolving call compiles (and fails here), and a failure is not remembered as entries.
+        assert!(backend.checker.sketch_entries(bf16, bf16, bf16, 32).is_err());
+        assert_eq!(rt.compiles.load(Ordering::SeqCst) - before, 1);
+        assert!(backend.checker.loaded_sketch_entries(bf16, bf16, bf16, 32).is_none());
     }
 
     #[test]
