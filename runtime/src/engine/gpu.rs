@@ -21,6 +21,7 @@ mod gpu_diagnose;
 mod gpu_inject;
 
 use super::backend::{Backend, CheckOutcome, CheckRequest, InjectRequest, Injected, Polled, PreCall};
+use super::config::SketchDetach;
 use super::copy_beside::{PendingCopies, PendingCopy, Settle, Span};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{BranchDeps, CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
@@ -41,7 +42,7 @@ pub struct GpuSettings {
     /// Compile missing kernels in the calling thread (blocking it) instead of in the background.
     pub sync_compile: bool,
     /// Detached sketch checks (`QUANTSHADOW_SKETCH_DETACH`, see [`DetachedState`]).
-    pub sketch_detach: super::config::SketchDetach,
+    pub sketch_detach: SketchDetach,
     /// Graph launch selection (`QUANTSHADOW_GRAPH_SELECT`, see `engine::graph_select`).
     pub graph_select: bool,
     /// Eager checks may run off the caller's stream (`QUANTSHADOW_SIDE_STREAM` decided for the
@@ -465,7 +466,7 @@ pub struct GpuBackend {
     inject: Mutex<gpu_inject::InjectState>,
     /// Diagnosis passes running.
     diagnoses: gpu_diagnose::Diagnoses,
-    sketch_detach: super::config::SketchDetach,
+    sketch_detach: SketchDetach,
     /// Pool bytes held by snapshot buffers of captured checks (bounded: a quarter of the pool).
     graph_snapshot_bytes: std::sync::atomic::AtomicU64,
     /// Snapshot buffers of eager detached checks (taken under the sites lock).
@@ -763,7 +764,9 @@ impl GpuBackend {
                 }
             }
         }
-        if self.sketch_detach.applies(capturing) && !self.weights_rewritten(req.site_id) {
+        // Under `graphs` an eager call still sets detached checks up (outside any capture) for
+        // the site's later captured calls, and is then checked on its stream.
+        if self.sketch_detach != SketchDetach::Off && !self.weights_rewritten(req.site_id) {
             let weight = site.weight.as_ref().expect("set above");
             match self.sketch_detached(req, g, &sample, weight, &mut site.detached, stream, capturing) {
                 Detach::Done => return Ok(()),
@@ -855,6 +858,11 @@ impl GpuBackend {
         let Some(st) = detached.get_mut(&sample.count).expect("inserted above") else {
             return Detach::OnStream;
         };
+        if capture.is_none() && !self.sketch_detach.applies(false) {
+            // Eager checks stay on their stream (`SketchDetach::Graphs`); the set-up above
+            // serves the site's later captures.
+            return Detach::OnStream;
+        }
         if capture.is_none() && sample.count < EAGER_DETACH_MIN_ROWS {
             // Few rows outside a graph: the caller is bound by its CPU launch rate, and the
             // detached path's extra driver calls (two launches, two records, a wait, a query)
@@ -1710,7 +1718,7 @@ mod tests {
                 pool_bytes: 1 << 20,
                 ring_capacity: 16,
                 sync_compile,
-                sketch_detach: crate::engine::config::SketchDetach::Off,
+                sketch_detach: SketchDetach::Off,
                 graph_select: false,
                 side_stream: false,
                 kernels: Default::default(),
@@ -1744,7 +1752,7 @@ mod tests {
             pool_bytes: 1 << 20,
             ring_capacity: 16,
             sync_compile: true,
-            sketch_detach: crate::engine::config::SketchDetach::Graphs,
+            sketch_detach: SketchDetach::Graphs,
             graph_select: false,
             side_stream: false,
             kernels: Default::default(),
