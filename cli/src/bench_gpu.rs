@@ -211,7 +211,7 @@ pub fn run(
                     let ms =
                         time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
                             .map_err(|e| e.to_string())?;
-                    while checker.ring.lock().unwrap().poll().is_some() {}
+                    while checker.with_ring(|r| r.poll()).is_some() {}
                     // The general kernel on the same call, side by side, where the lean one ran.
                     let lean = checker.sketch_takes_lean(&g, &weight, rows.count, false);
                     let general = if lean {
@@ -224,7 +224,7 @@ pub fn run(
                             checker.launch_prepared(&general, Stream::default())
                         })
                         .map_err(|e| e.to_string())?;
-                        while checker.ring.lock().unwrap().poll().is_some() {}
+                        while checker.with_ring(|r| r.poll()).is_some() {}
                         format!("{:.1}", ms * 1e3)
                     } else {
                         "-".into()
@@ -262,7 +262,7 @@ pub fn run(
                                     checker.launch_prepared(&check, Stream::default())
                                 })
                                 .map_err(|e| e.to_string())?;
-                                while checker.ring.lock().unwrap().poll().is_some() {}
+                                while checker.with_ring(|r| r.poll()).is_some() {}
                                 (format!("{:.1}", copy_ms * 1e3), format!("{:.1}", check_ms * 1e3))
                             }
                             Err(e) => (format!("({e})"), "-".into()),
@@ -313,7 +313,7 @@ pub fn run(
         let prepared = checker.prepare_compare(&request, &scratch).map_err(|e| e.to_string())?;
         let ms = time_ms(rt.as_ref(), 20, 5, || checker.launch_prepared(&prepared, Stream::default()))
             .map_err(|e| e.to_string())?;
-        while checker.ring.lock().unwrap().poll().is_some() {}
+        while checker.with_ring(|r| r.poll()).is_some() {}
         let gbs = (m * n * 6) as f64 / (ms * 1e-3) / 1e9;
         emit(
             &mut report,

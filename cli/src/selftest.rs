@@ -370,7 +370,6 @@ fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
         for tag in 1..=5 {
             launch(tag)?;
         }
-        let mut ring = checker.ring.lock().unwrap();
         let mut whole = true;
         let mut take = |ring: &mut quantshadow_runtime::device::gpu::ResultRing| {
             let mut tags = vec![];
@@ -379,16 +378,13 @@ fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
                 whole &= metrics_agree("ring", "slot", &device, &host).pass;
                 tags.push(slot.tag);
             }
-            tags
+            (tags, ring.dropped())
         };
-        let first = take(&mut ring);
-        let dropped_full = ring.dropped();
-        drop(ring);
+        let (first, dropped_full) = checker.with_ring(&mut take);
         launch(6)?;
         launch(7)?;
-        let mut ring = checker.ring.lock().unwrap();
-        let second = take(&mut ring);
-        Ok((first, dropped_full, second, ring.dropped(), whole))
+        let (second, dropped_after) = checker.with_ring(&mut take);
+        Ok((first, dropped_full, second, dropped_after, whole))
     })();
     // The small ring goes (nothing is running: compare synchronises).
     drop(checker.replace_ring_with(small));
@@ -985,7 +981,7 @@ fn gpu_compare(checker: &GpuChecker) -> Vec<Outcome> {
                 tag: (1, 2),
             };
             checker.compare(&request, Stream::default()).map_err(|e| e.to_string())?;
-            let slot = checker.ring.lock().unwrap().poll().ok_or("no result slot arrived")?;
+            let slot = checker.with_ring(|r| r.poll()).ok_or("no result slot arrived")?;
             let device = sketch::slot_metrics(&slot);
             Ok(metrics_agree("compare", name, &device, &host))
         })();
@@ -1070,7 +1066,7 @@ fn gpu_compare_logits(checker: &GpuChecker) -> Vec<Outcome> {
                 tag: (3, 4),
             };
             checker.compare(&request, Stream::default()).map_err(|e| e.to_string())?;
-            let slot = checker.ring.lock().unwrap().poll().ok_or("no result slot arrived")?;
+            let slot = checker.with_ring(|r| r.poll()).ok_or("no result slot arrived")?;
             let dev = sketch::slot_logits(&slot).ok_or("the slot carries no logits metrics")?;
             let kl_ok = if host_kl.is_nan() {
                 dev.kl.is_nan()
@@ -1316,7 +1312,7 @@ fn gpu_sketch_weight_change(checker: &GpuChecker) -> Outcome {
                 )
                 .map_err(|e| e.to_string())?;
             checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
-            let slot = checker.ring.lock().unwrap().poll().ok_or("no sketch result arrived")?;
+            let slot = checker.with_ring(|r| r.poll()).ok_or("no sketch result arrived")?;
             Ok(slot.status)
         };
         let before = status(0)?;
@@ -1414,7 +1410,7 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
                 )
                 .map_err(|e| e.to_string())?;
             checker.runtime().synchronize(Stream::default()).map_err(|e| e.to_string())?;
-            slots.push(checker.ring.lock().unwrap().poll().ok_or("no sketch result arrived")?);
+            slots.push(checker.with_ring(|r| r.poll()).ok_or("no sketch result arrived")?);
         }
         // The host mirror of the first epoch, from the oracle's decoded operands.
         let a_dense = decode_operand_a(&problem, &inputs, 0).map_err(|e| e.to_string())?;
@@ -1746,10 +1742,8 @@ fn detached_case(
         checker.launch_prepared(&copy, st).map_err(|e| es(&e))?;
         checker.launch_prepared(&check, st).map_err(|e| es(&e))?;
         checker.runtime().synchronize(st).map_err(|e| es(&e))?;
-        let mut ring = checker.ring.lock().unwrap();
-        let a = ring.poll().ok_or("no in-place result")?;
-        let b = ring.poll().ok_or("no detached result")?;
-        drop(ring);
+        let (a, b) = checker.with_ring(|ring| (ring.poll(), ring.poll()));
+        let (a, b) = (a.ok_or("no in-place result")?, b.ok_or("no detached result")?);
         let (a, b) = if a.tag == 1 { (a, b) } else { (b, a) };
         worst = worst.max(sums_disagreement(&a, &b));
         let same = (a.finite, a.pairs, a.nan_prod, a.nan_ref, a.worst_row, a.epoch, a.rows_checked, a.status)
@@ -2021,7 +2015,7 @@ fn judge_slot(
     rows: u64,
     early: u64,
 ) -> Result<(bool, Metrics, u64), String> {
-    let slot = std::iter::from_fn(|| checker.ring.lock().unwrap().poll())
+    let slot = std::iter::from_fn(|| checker.with_ring(|r| r.poll()))
         .find(|slot| (slot.tag, slot.tag2) == tag)
         .ok_or("no result arrived")?;
     if !sketch::slot_is_valid(&slot) || slot.rows_checked != rows {

@@ -198,17 +198,16 @@ pub enum BranchDeps<'a> {
     Exactly(&'a [super::GraphNode]),
 }
 
-/// One device's programs, ring and launch helpers.
 /// A sketch program: A, B and D formats and the padded probe count ([`KernelBuild::sketch_kp`]).
 type SketchProgramKey = (Format, Format, Format, u32);
 
-/// The entries of one loaded sketch program (see [`abi::lean_sketch_formats`] for `lean`). Resolved once per program: a checked call then
+/// The entries of one loaded sketch program, resolved once per program: a checked call then
 /// builds no program key and looks no entry up by name (together ~9 us of host time per checked
 /// call, measured inside PyTorch on an H100 host, docs/measurements/2026-11-27-h100-host-cost.md).
 #[derive(Debug, Clone, Copy)]
 pub struct SketchEntries {
     check: super::Function,
-    /// Only where the formats have a lean check.
+    /// Only where the formats have a lean check ([`abi::lean_sketch_formats`]).
     lean: Option<super::Function>,
     snap: super::Function,
     snap_rows: super::Function,
@@ -226,11 +225,13 @@ impl SketchEntries {
     }
 }
 
+/// One device's programs, ring and launch helpers.
 pub struct GpuChecker {
     runtime: Arc<dyn GpuRuntime>,
     pub info: DeviceInfo,
     registry: KernelRegistry,
-    pub ring: Mutex<ResultRing>,
+    /// Replaced only through [`GpuChecker::replace_ring_with`], which keeps `ring_desc` in step.
+    ring: Mutex<ResultRing>,
     /// When set, every buffer comes from this reservation (no driver allocation per site).
     pool: Option<Arc<DevicePool>>,
     /// Sketch checks take `qs_sketch_lean` where the call allows ([`lean_sketch_device`];
@@ -532,8 +533,13 @@ impl GpuChecker {
     }
 
     /// The result ring's descriptor (never waits for the poller).
-    fn ring_desc(&self) -> abi::QsRingDesc {
+    pub fn ring_desc(&self) -> abi::QsRingDesc {
         *self.ring_desc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the result ring under its lock (the poller's reads, the drop count).
+    pub fn with_ring<R>(&self, f: impl FnOnce(&mut ResultRing) -> R) -> R {
+        f(&mut self.ring.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The entries of the sketch program for (a, b, d, kp), compiling or loading it if needed.
@@ -759,9 +765,7 @@ impl GpuChecker {
         // The copy follows the production GEMM on its stream; the check reads the copy's
         // snapshot (its header epoch before any wait), so it keeps the ordinary launch.
         check.early_start = false;
-        let mut copy = copy;
-        copy.early_start = !captured && self.early_start();
-        Ok((copy, check))
+        Ok((PreparedLaunch { early_start: !captured && self.early_start(), ..copy }, check))
     }
 
     /// `entry` of `build` resolved once with `params`, to launch with [`Self::launch_prepared`]
@@ -1062,14 +1066,11 @@ impl GpuChecker {
         let b = format_of(g.b.format)?;
         let entries = self.sketch_entries(a, b, d, weight.kp)?;
         let mut params = self.sketch_params(g, rows, weight, scratch, tag);
-        let (function, config) = match weight.wfrag.as_ref() {
-            Some(wfrag) if self.sketch_takes_lean(g, weight, rows.count, captured) => {
+        let (function, config) = match (weight.wfrag.as_ref(), entries.lean) {
+            (Some(wfrag), Some(lean)) if self.sketch_takes_lean(g, weight, rows.count, captured) => {
                 params.wfrag_ptr = wfrag.ptr;
                 params.splits = abi::LEAN_SPLITS as u32;
                 params.rows_per_group = abi::LEAN_ROWS as u32;
-                let lean = entries.lean.ok_or_else(|| {
-                    DeviceError::Unsupported(format!("no lean sketch entry for {} -> {}", a.name(), d.name()))
-                })?;
                 (lean, abi::lean_sketch_launch(rows.count).map_err(abi_err)?)
             }
             _ => (entries.check, scratch.geometry.launch),

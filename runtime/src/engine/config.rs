@@ -218,6 +218,29 @@ impl SketchDetach {
     }
 }
 
+/// A three-way setting: its own `word` (also the default when unset or invalid) or a switch
+/// value ([`on_off`]); an invalid value is named in `bad`.
+fn word_on_off<T: Copy>(
+    value: Option<String>,
+    var: &str,
+    (word, named): (&str, T),
+    (on, off): (T, T),
+    bad: &mut Vec<String>,
+) -> T {
+    match value {
+        None => named,
+        Some(v) if v.trim().eq_ignore_ascii_case(word) => named,
+        Some(v) => match on_off(&v) {
+            Some(true) => on,
+            Some(false) => off,
+            None => {
+                bad.push(format!("{var}={v:?} is not {word}, on or off; using {word}"));
+                named
+            }
+        },
+    }
+}
+
 /// A switch value: `on`/`1`/`true` or `off`/`0`/`false` (any case, spaces trimmed).
 pub(crate) fn on_off(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -368,20 +391,13 @@ impl Config {
                 }
             },
         };
-        let sketch_detach = match parsed("QUANTSHADOW_SKETCH_DETACH") {
-            None => SketchDetach::Graphs,
-            Some(v) if v.trim().eq_ignore_ascii_case("graphs") => SketchDetach::Graphs,
-            Some(v) => match on_off(&v) {
-                Some(true) => SketchDetach::On,
-                Some(false) => SketchDetach::Off,
-                None => {
-                    bad.push(format!(
-                        "QUANTSHADOW_SKETCH_DETACH={v:?} is not graphs, on or off; using graphs"
-                    ));
-                    SketchDetach::Graphs
-                }
-            },
-        };
+        let sketch_detach = word_on_off(
+            parsed("QUANTSHADOW_SKETCH_DETACH"),
+            "QUANTSHADOW_SKETCH_DETACH",
+            ("graphs", SketchDetach::Graphs),
+            (SketchDetach::On, SketchDetach::Off),
+            &mut bad,
+        );
         let graph_select = match parsed("QUANTSHADOW_GRAPH_SELECT") {
             None => true,
             Some(v) => on_off(&v).unwrap_or_else(|| {
@@ -389,18 +405,13 @@ impl Config {
                 true
             }),
         };
-        let side_stream = match parsed("QUANTSHADOW_SIDE_STREAM") {
-            None => SideStreamUse::Auto,
-            Some(v) if v.trim().eq_ignore_ascii_case("auto") => SideStreamUse::Auto,
-            Some(v) => match on_off(&v) {
-                Some(true) => SideStreamUse::On,
-                Some(false) => SideStreamUse::Off,
-                None => {
-                    bad.push(format!("QUANTSHADOW_SIDE_STREAM={v:?} is not auto, on or off; using auto"));
-                    SideStreamUse::Auto
-                }
-            },
-        };
+        let side_stream = word_on_off(
+            parsed("QUANTSHADOW_SIDE_STREAM"),
+            "QUANTSHADOW_SIDE_STREAM",
+            ("auto", SideStreamUse::Auto),
+            (SideStreamUse::On, SideStreamUse::Off),
+            &mut bad,
+        );
         let inject = match get(crate::inject::ENV_VAR) {
             None => None,
             Some(v) => match InjectPlan::from_spec_str(&v) {
@@ -653,6 +664,11 @@ mod tests {
         assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_DETACH", " ON ")]).sketch_detach, SketchDetach::On);
         assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_DETACH", "Graphs")]).sketch_detach, SketchDetach::Graphs);
         assert_eq!(cfg(&[]).sketch_detach, SketchDetach::Graphs);
+        let detach = cfg(&[]).settings().into_iter().find(|(k, _)| k == "sketch_detach").map(|(_, v)| v);
+        assert_eq!(detach.as_deref(), Some("graphs"), "the default is recorded");
+        for (v, want) in [("1", SketchDetach::On), ("false", SketchDetach::Off), ("0", SketchDetach::Off)] {
+            assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_DETACH", v)]).sketch_detach, want, "{v}");
+        }
         assert!(SketchDetach::Graphs.applies(true) && !SketchDetach::Graphs.applies(false));
         assert!(SketchDetach::On.applies(false) && !SketchDetach::Off.applies(true));
         assert!(!c.graph_select);

@@ -214,8 +214,10 @@ struct RowsState {
 
 /// Detached sketch checks of one site and sampled-row count (`device::snapshot`): the copy
 /// kernel runs on the caller's stream right after the call, the check reads only the copy.
-/// - Eager calls (at least `EAGER_DETACH_MIN_ROWS` sampled rows; fewer are checked on their
-///   stream, but set up here for later captures): the check runs on the side stream after an
+/// - Eager calls set the state up for the site's later captures (a capture cannot allocate).
+///   They are detached themselves only under `SketchDetach::On` and from
+///   `EAGER_DETACH_MIN_ROWS` sampled rows; otherwise they are checked on their stream. Detached,
+///   the check runs on the side stream after an
 ///   event, over one of the device's few shared snapshot buffers ([`EagerSnapshots`]); a call
 ///   finding all of them still in use by running checks is skipped (counted), never waited
 ///   for. Under back-to-back large GEMMs the side stream only progresses between them, so most
@@ -242,8 +244,9 @@ struct DetachedState {
     /// Row epoch of the next eager check (counted here: no device atomic per copy).
     eager_epoch: u64,
     /// Shared by every site of this shape: eager checks run one after another on the one side
-    /// stream, and each leaves its scratch ready for the next.
-    eager_scratch: Arc<SketchScratch>,
+    /// stream, and each leaves its scratch ready for the next. None unless eager checks are
+    /// detached (`SketchDetach::On`).
+    eager_scratch: Option<Arc<SketchScratch>>,
     /// Key of the shared graph scratch and its branch chain (`GpuBackend::graph_chains`).
     shape: ShapeKey,
     graph_buffers: Vec<DeviceBuffer>,
@@ -813,9 +816,10 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// A detached sketch check (see [`DetachedState`]), or `OnStream` when this call cannot
-    /// have one (no side stream, a capture on a runtime without graph branches, a batched B, a
-    /// snapshot too large, snapshot memory used up) and is checked on its stream as before.
+    /// A detached sketch check (see [`DetachedState`]), or `OnStream` when this call is not
+    /// detached: an eager call under `SketchDetach::Graphs` (after the set-up its site's later
+    /// captures need), no side stream, a capture on a runtime without graph branches, a
+    /// batched B, a snapshot too large, snapshot memory used up.
     #[allow(clippy::too_many_arguments)]
     fn sketch_detached(
         &self,
@@ -851,6 +855,12 @@ impl GpuBackend {
             match self.detached_setup(g, sample.count, req.sketch.probes) {
                 Ok(state) => {
                     detached.insert(sample.count, state);
+                }
+                // Only for later captures (this call is checked on its stream either way):
+                // not retried, and this call is not lost.
+                Err(_) if !self.sketch_detach.applies(false) => {
+                    detached.insert(sample.count, None);
+                    return Detach::OnStream;
                 }
                 Err(s) => return Detach::Skip(s),
             }
@@ -888,6 +898,9 @@ impl GpuBackend {
         match capture {
             None => {
                 // Eager: a free snapshot buffer, the copy here, the check on the side stream.
+                let Some(eager_scratch) = st.eager_scratch.as_ref() else {
+                    return Detach::OnStream; // set up while eager checks stayed on their stream
+                };
                 let mut snapshots = self.eager_snapshots.lock().unwrap_or_else(|e| e.into_inner());
                 let snap = match snapshots.take(self.runtime.as_ref(), &self.checker, st.layout.bytes) {
                     Ok(Some(snap)) => snap,
@@ -903,7 +916,7 @@ impl GpuBackend {
                 };
                 let buffer = snap.buffer.as_ref().expect("taken with a buffer").ptr;
                 let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
-                let check = match copy_on_stream(rows, buffer, 0, &st.eager_scratch) {
+                let check = match copy_on_stream(rows, buffer, 0, eager_scratch) {
                     Ok(check) => check,
                     Err(skip) => return skip,
                 };
@@ -1102,12 +1115,15 @@ impl GpuBackend {
         let epoch_counter = self.checker.alloc_zeroed(8).map_err(fail)?;
         let shape: ShapeKey = (count, g.k, g.n, probes);
         let scratch = || self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail);
-        let eager_scratch = {
+        // Only where eager checks are detached (`SketchDetach::On`).
+        let eager_scratch = if self.sketch_detach.applies(false) {
             let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            match shared.entry(shape) {
+            Some(match shared.entry(shape) {
                 std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::new(scratch()?)).clone(),
-            }
+            })
+        } else {
+            None
         };
         if let std::collections::hash_map::Entry::Vacant(e) =
             self.graph_chains.lock().unwrap_or_else(|e| e.into_inner()).entry(shape)
@@ -1566,11 +1582,12 @@ impl Backend for GpuBackend {
     }
 
     fn poll(&self, out: &mut Vec<Polled>) {
-        // Diagnosis results are handled after the ring's lock is released (a diagnosis being
-        // set up holds the diagnoses' lock while it prepares compares, which take the ring's).
+        // The slots are taken under the ring's lock and handled after it: diagnosis results
+        // among them too (a diagnosis being set up holds the diagnoses' lock while it prepares
+        // compares, which take the ring's).
+        let slots: Vec<_> = self.checker.with_ring(|ring| std::iter::from_fn(|| ring.poll()).collect());
         let mut diagnosis_slots = vec![];
-        let mut ring = self.checker.ring.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(slot) = ring.poll() {
+        for slot in slots {
             if gpu_diagnose::parse_tag2(slot.tag2).is_some() {
                 diagnosis_slots.push(slot);
                 continue;
@@ -1622,7 +1639,6 @@ impl Backend for GpuBackend {
                 diagnosis: None,
             })));
         }
-        drop(ring);
         self.poll_diagnoses(diagnosis_slots, out);
     }
 
@@ -1658,7 +1674,7 @@ impl Backend for GpuBackend {
     }
 
     fn dropped(&self) -> u64 {
-        self.checker.ring.lock().unwrap_or_else(|e| e.into_inner()).dropped()
+        self.checker.with_ring(|r| r.dropped())
     }
 
     fn early_launches(&self) -> u64 {
@@ -1744,7 +1760,7 @@ mod tests {
     }
 
     #[test]
-    fn the_per_call_entry_lookup_never_compiles() {
+    fn looking_up_loaded_sketch_entries_never_compiles() {
         // A checked call asks for the sketch program's entries without compiling: until the
         // program is loaded, the compile policy (background, or sync outside captures) decides.
         let rt = Arc::new(FakeRuntime::default()); // its compiler always fails
@@ -1768,6 +1784,23 @@ mod tests {
         assert!(backend.checker.sketch_entries(bf16, bf16, bf16, 32).is_err());
         assert_eq!(rt.compiles.load(Ordering::SeqCst) - before, 1);
         assert!(backend.checker.loaded_sketch_entries(bf16, bf16, bf16, 32).is_none());
+    }
+
+    #[test]
+    fn a_replaced_ring_gives_its_descriptor_to_later_checks() {
+        // Check parameters read the descriptor kept beside the ring (not under the poller's
+        // lock): it must follow every replacement.
+        let rt = Arc::new(FakeRuntime::default());
+        let checker = crate::device::gpu::GpuChecker::new(rt, 8).unwrap();
+        let first = checker.with_ring(|r| r.desc());
+        let old = checker.replace_ring(4).unwrap();
+        assert_eq!(old.desc(), first);
+        let now = checker.with_ring(|r| r.desc());
+        assert_ne!(now, first);
+        assert_eq!(now.capacity, 4);
+        assert_eq!(checker.ring_desc(), now);
+        drop(checker.replace_ring_with(old));
+        assert_eq!(checker.ring_desc(), first);
     }
 
     #[test]
