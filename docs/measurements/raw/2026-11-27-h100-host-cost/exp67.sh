@@ -7,6 +7,8 @@ export QUANTSHADOW_LOG=warn
 t0=$SECONDS
 step() { echo "== $1 (t=$((SECONDS - t0))s)"; }
 md5sum .gpu/*/* | cut -c1-12,34-
+step "selftest ring, detached, sketch (final build)"
+timeout 300 quantshadow selftest --quick --only ring,detached,sketch 2>&1 | grep -E "FAIL|passed|failed" | head -10
 step "torch_ops, Llama small (final build)"
 QUANTSHADOW_LOG=info timeout 200 bash tests/gpu/verify_shim.sh ops 2>&1 | grep -E "outputs"
 grep -hE "closing:|skipped:" $OUT/ops_sketch.log | head -3
