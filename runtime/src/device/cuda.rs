@@ -614,13 +614,13 @@ impl GpuRuntime for CudaRuntime {
             return Err(DeviceError::Unsupported("no capture in progress (or no graph edge calls)".into()));
         };
         let branch = node.0 as cu::CUgraphNode;
-        for &f in from {
+        let dependents_of = |f: GraphNode| -> Result<Vec<GraphNode>, DeviceError> {
             let f = f.0 as cu::CUgraphNode;
             let mut n = 0usize;
             // SAFETY (this block): branch_joins implies the symbols; the nodes belong to the
             // capture in progress (valid until it ends, which cannot happen during this call on
             // the capturing thread); out-pointers are valid locals or a vector of the driver's
-            // own count. Adding edges is legal while capturing (only removal is not).
+            // own count.
             check("cuGraphNodeGetDependentNodes_v2", unsafe {
                 cu::cuGraphNodeGetDependentNodes_v2(f, std::ptr::null_mut(), std::ptr::null_mut(), &mut n)
             })?;
@@ -636,14 +636,14 @@ impl GpuRuntime for CudaRuntime {
                 })?;
                 dependents.truncate(n);
             }
-            for d in dependents {
-                if d == branch || from.iter().any(|x| x.0 as cu::CUgraphNode == d) {
-                    continue;
-                }
-                check("cuGraphAddDependencies_v2", unsafe {
-                    cu::cuGraphAddDependencies_v2(graph, &branch, &d, std::ptr::null(), 1)
-                })?;
-            }
+            Ok(dependents.into_iter().map(|d| GraphNode(d as u64)).collect())
+        };
+        for d in super::branch_join_edges(node, from, dependents_of)? {
+            let d = d.0 as cu::CUgraphNode;
+            // SAFETY: as above; adding edges is legal while capturing (only removal is not).
+            check("cuGraphAddDependencies_v2", unsafe {
+                cu::cuGraphAddDependencies_v2(graph, &branch, &d, std::ptr::null(), 1)
+            })?;
         }
         if into_stream {
             let mut nodes = [branch];

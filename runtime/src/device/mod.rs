@@ -48,6 +48,29 @@ pub struct Module(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Function(pub u64);
 
+/// The nodes a graph branch added after `from` must precede ([`GpuRuntime::join_graph_branch`]):
+/// every dependent of a `from` node other than `branch` and `from` themselves, each once. A node
+/// captured after several `from` nodes (a stream whose capture dependencies were two nodes, e.g.
+/// a GEMM and an earlier copy branch joined into the stream) is a dependent of each of them;
+/// a second edge to it is refused by the driver (CUDA_ERROR_INVALID_VALUE), which dropped the
+/// copy and its check (4 per Llama decode graph on an H100, docs/measurements/2026-11-27-h100-
+/// host-cost.md).
+pub fn branch_join_edges<E>(
+    branch: GraphNode,
+    from: &[GraphNode],
+    mut dependents_of: impl FnMut(GraphNode) -> Result<Vec<GraphNode>, E>,
+) -> Result<Vec<GraphNode>, E> {
+    let mut edges = Vec::new();
+    for &f in from {
+        for d in dependents_of(f)? {
+            if d != branch && !from.contains(&d) && !edges.contains(&d) {
+                edges.push(d);
+            }
+        }
+    }
+    Ok(edges)
+}
+
 /// An event for timing and ordering (CUevent / hipEvent_t).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event(pub u64);
@@ -304,4 +327,33 @@ pub trait GpuRuntime: Send + Sync {
     fn event_done(&self, event: Event) -> Result<bool, DeviceError>;
     /// Milliseconds between two completed events.
     fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError>;
+}
+
+#[cfg(test)]
+mod branch_join_tests {
+    use super::{branch_join_edges, GraphNode};
+
+    #[test]
+    fn a_node_after_two_from_nodes_gets_one_edge() {
+        // Capture dependencies {gemm 2, copy 1} (a copy joined into the stream), then kernel 3
+        // captured after both: the branch must precede kernel 3 once, not once per from node.
+        let (gemm2, copy1, k3, k4, branch) =
+            (GraphNode(2), GraphNode(11), GraphNode(3), GraphNode(4), GraphNode(20));
+        let graph = |n: GraphNode| -> Result<Vec<GraphNode>, ()> {
+            Ok(match n.0 {
+                2 => vec![k3, branch],
+                11 => vec![k3, k4],
+                _ => vec![],
+            })
+        };
+        let edges = branch_join_edges(branch, &[gemm2, copy1], graph).unwrap();
+        assert_eq!(edges, vec![k3, k4], "each dependent once, never the branch itself");
+        // A from node that depends on another from node is not a target either.
+        let chain = |n: GraphNode| -> Result<Vec<GraphNode>, ()> {
+            Ok(if n == gemm2 { vec![copy1, k3] } else { vec![] })
+        };
+        assert_eq!(branch_join_edges(branch, &[gemm2, copy1], chain).unwrap(), vec![k3]);
+        // The driver's failure to list dependents is passed on.
+        assert!(branch_join_edges(branch, &[gemm2], |_| Err::<Vec<GraphNode>, _>("no")).is_err());
+    }
 }

@@ -1428,8 +1428,13 @@ impl GpuBackend {
                     super::note_skip(NEVER_ADDED);
                 }
             }
-            Err(_) => {
-                super::note_skip("graph capture: snapshot copy not added or not ordered (check dropped)")
+            // The failing call and its status (a few distinct texts: skips are counted by reason).
+            Err(e) => {
+                let e = e.to_string();
+                let why: String = e.split('(').next().unwrap_or("").trim().chars().take(120).collect();
+                super::note_skip(&format!(
+                    "graph capture: snapshot copy not added or not ordered (check dropped): {why}"
+                ))
             }
         }
     }
