@@ -748,24 +748,24 @@ impl GpuChecker {
             },
             config: layout.launch,
             params: layout.params(g, rows, base, epoch_counter),
-            early_start: false,
+            // The copy follows the production GEMM on its stream.
+            early_start: !captured && self.early_start(),
         };
         let packed = layout.packed_desc(g, base);
-        let mut check = self.prepare_sketch_check(
+        let mut check = self.prepare_sketch_check_with(
+            entries,
             &packed,
             QsRowSel::all(layout.count),
             weight,
             scratch,
-            a,
-            d,
             tag,
             captured,
         )?;
         check.params.packed_ptr = base;
-        // The copy follows the production GEMM on its stream; the check reads the copy's
-        // snapshot (its header epoch before any wait), so it keeps the ordinary launch.
+        // The check reads the copy's snapshot (its header epoch before any wait), so it keeps
+        // the ordinary launch.
         check.early_start = false;
-        Ok((PreparedLaunch { early_start: !captured && self.early_start(), ..copy }, check))
+        Ok((copy, check))
     }
 
     /// `entry` of `build` resolved once with `params`, to launch with [`Self::launch_prepared`]
@@ -1063,8 +1063,23 @@ impl GpuChecker {
         tag: (u64, u64),
         captured: bool,
     ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
-        let b = format_of(g.b.format)?;
-        let entries = self.sketch_entries(a, b, d, weight.kp)?;
+        let entries = self.sketch_entries(a, format_of(g.b.format)?, d, weight.kp)?;
+        self.prepare_sketch_check_with(entries, g, rows, weight, scratch, tag, captured)
+    }
+
+    /// [`Self::prepare_sketch_check`] with the program's entries already at hand (the shim's
+    /// per-call path looks them up once).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_sketch_check_with(
+        &self,
+        entries: SketchEntries,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        tag: (u64, u64),
+        captured: bool,
+    ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
         let mut params = self.sketch_params(g, rows, weight, scratch, tag);
         let (function, config) = match (weight.wfrag.as_ref(), entries.lean) {
             (Some(wfrag), Some(lean)) if self.sketch_takes_lean(g, weight, rows.count, captured) => {

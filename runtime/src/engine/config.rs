@@ -200,13 +200,9 @@ pub enum SketchDetach {
 }
 
 impl SketchDetach {
-    /// Whether a check of a call on a stream that is (or is not) capturing is detached.
-    pub fn applies(self, capturing: bool) -> bool {
-        match self {
-            SketchDetach::Off => false,
-            SketchDetach::Graphs => capturing,
-            SketchDetach::On => true,
-        }
+    /// Whether eager checks are detached too (captured ones are unless `Off`).
+    pub fn detaches_eager(self) -> bool {
+        self == SketchDetach::On
     }
 
     pub fn name(self) -> &'static str {
@@ -669,8 +665,8 @@ mod tests {
         for (v, want) in [("1", SketchDetach::On), ("false", SketchDetach::Off), ("0", SketchDetach::Off)] {
             assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_DETACH", v)]).sketch_detach, want, "{v}");
         }
-        assert!(SketchDetach::Graphs.applies(true) && !SketchDetach::Graphs.applies(false));
-        assert!(SketchDetach::On.applies(false) && !SketchDetach::Off.applies(true));
+        assert!(SketchDetach::On.detaches_eager());
+        assert!(!SketchDetach::Graphs.detaches_eager() && !SketchDetach::Off.detaches_eager());
         assert!(!c.graph_select);
         assert_eq!(c.collector, Some(Address::Unix("/tmp/x.sock".into())));
         assert_eq!(c.label, "fp8-rowwise");

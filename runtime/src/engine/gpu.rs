@@ -718,11 +718,18 @@ impl GpuBackend {
             return self.rows_or_full(&rows, g, buffers, stream, capturing);
         }
         let kp = abi::padded_probes(req.sketch.probes).map_err(|e| Skip::new(format!("sketch: {e}")))?;
-        if self.checker.loaded_sketch_entries(a, b, d, kp).is_none() {
-            // Until the program is loaded: compiled in the background, or here in sync mode.
-            let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
-            self.ensure_program(&build, capturing)?;
-        }
+        let entries = match self.checker.loaded_sketch_entries(a, b, d, kp) {
+            Some(entries) => entries,
+            None => {
+                // Until the program is loaded: compiled in the background, or here in sync mode.
+                let build =
+                    KernelBuild::sketch_kp(a, b, d, kp).map_err(|e| Skip::new(format!("sketch: {e}")))?;
+                self.ensure_program(&build, capturing)?;
+                self.checker
+                    .sketch_entries(a, b, d, kp)
+                    .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?
+            }
+        };
         let total_rows = g.total_rows();
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
@@ -798,7 +805,15 @@ impl GpuBackend {
         let rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
         let mut prepared = self
             .checker
-            .prepare_sketch_check(g, rows, weight, scratch, a, d, (req.site_id, req.call_seq), capturing)
+            .prepare_sketch_check_with(
+                entries,
+                g,
+                rows,
+                weight,
+                scratch,
+                (req.site_id, req.call_seq),
+                capturing,
+            )
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
         // A gated check (captured only) may end without waiting for the GEMM: never early.
         prepared.early_start &= !projected_now && req.device_gate.is_none();
@@ -858,7 +873,7 @@ impl GpuBackend {
                 }
                 // Only for later captures (this call is checked on its stream either way):
                 // not retried, and this call is not lost.
-                Err(_) if !self.sketch_detach.applies(false) => {
+                Err(_) if !self.sketch_detach.detaches_eager() => {
                     detached.insert(sample.count, None);
                     return Detach::OnStream;
                 }
@@ -868,7 +883,7 @@ impl GpuBackend {
         let Some(st) = detached.get_mut(&sample.count).expect("inserted above") else {
             return Detach::OnStream;
         };
-        if capture.is_none() && !self.sketch_detach.applies(false) {
+        if capture.is_none() && !self.sketch_detach.detaches_eager() {
             // Eager checks stay on their stream (`SketchDetach::Graphs`); the set-up above
             // serves the site's later captures.
             return Detach::OnStream;
@@ -1116,7 +1131,7 @@ impl GpuBackend {
         let shape: ShapeKey = (count, g.k, g.n, probes);
         let scratch = || self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail);
         // Only where eager checks are detached (`SketchDetach::On`).
-        let eager_scratch = if self.sketch_detach.applies(false) {
+        let eager_scratch = if self.sketch_detach.detaches_eager() {
             let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
             Some(match shared.entry(shape) {
                 std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
