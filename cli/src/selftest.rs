@@ -1649,7 +1649,96 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
         lean_cases >= 2 && general_cases >= 2,
         format!("{lean_cases} cases took the lean copy, {general_cases} the general one"),
     ));
+    let case = "grouped copies = one by one (qs_sketch_snap_group: 3 bf16 copies of other shapes, 2 replays)";
+    out.push(
+        grouped_copies_case(checker)
+            .map(|(pass, detail)| outcome("sketch detached", case, pass, detail))
+            .unwrap_or_else(|e| error_outcome("sketch detached", case, e)),
+    );
     out
+}
+
+/// Lean snapshot copies of different shapes and row counts, launched one by one and as one
+/// group launch (the copy node several captured GEMMs share), over two device-counted epochs:
+/// every snapshot buffer must come out byte-identical.
+fn grouped_copies_case(checker: &GpuChecker) -> Result<(bool, String), String> {
+    use quantshadow_runtime::device::snapshot::SnapshotLayout;
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    // (m, n, k): one row (decode), a few rows, more rows than the 256 sampled.
+    let shapes = [(1u64, 4096u64, 1024u64), (5, 1024, 4096), (300, 512, 256)];
+    let (seed, probes) = (0x6e0c_0b1e, 32);
+    let st = Stream::default();
+    let mut keep = Vec::new();
+    let mut copies = Vec::new(); // (one-by-one launch, grouped launch, one-by-one buffer, grouped buffer)
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        let problem = scheme_problem("bf16", m, n, k);
+        let inputs = random_inputs(&problem, 0x96 + i as u64).map_err(|e| es(&e))?;
+        let (held, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
+        let elems = problem.d.required_elements(m, n, 1) as usize;
+        let mut rng = SplitMix64::new(17 + i as u64);
+        let mut d = vec![0u8; problem.d.format.bytes_for(elems)];
+        for idx in 0..elems {
+            problem.d.format.store_code(&mut d, idx, problem.d.format.encode(rng.normal()));
+        }
+        let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
+        bufs.d = d_buf.ptr;
+        let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
+        let weight = checker.sketch_weight(&g, problem.a.format, problem.d.format, seed, probes).map_err(|e| es(&e))?;
+        let sample = sketch::RowSample::new(seed ^ i as u64, g.total_rows(), 256);
+        let layout =
+            SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
+        if !SnapshotLayout::lean_copy(&g) {
+            return Err(format!("shape {m}x{n}x{k} does not take the lean copy"));
+        }
+        let scratch = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+        let rows = QsRowSel::sample(&sample, 0, 0, false);
+        let mut prepared = Vec::new();
+        for _ in 0..2 {
+            let snap = checker.alloc_zeroed(layout.bytes as usize).map_err(|e| es(&e))?;
+            let counter = checker.alloc_zeroed(8).map_err(|e| es(&e))?;
+            let (copy, _check) = checker
+                .prepare_detached(&g, &layout, rows, snap.ptr, counter.ptr, &weight, &scratch, (9, 0), true)
+                .map_err(|e| es(&e))?;
+            prepared.push((copy, snap));
+            keep.push(counter);
+        }
+        let group = checker.copy_group(&g, weight.kp).ok_or("no group entry for a lean copy")?;
+        let (grouped, single) = (prepared.pop().unwrap(), prepared.pop().unwrap());
+        copies.push((single.0, grouped.0, single.1, grouped.1, group));
+        keep.push(d_buf);
+        keep.extend(held);
+        let _ = (weight, scratch);
+    }
+    if copies.windows(2).any(|w| w[0].4 != w[1].4) {
+        return Err("copies of one program report different group entries".into());
+    }
+    let launches: Vec<_> = copies.iter().map(|c| &c.1).collect();
+    let group = checker.group_copies(copies[0].4, &launches).map_err(|e| es(&e))?;
+    let mut differ = Vec::new();
+    for replay in 0..2 {
+        for c in &copies {
+            checker.launch_prepared(&c.0, st).map_err(|e| es(&e))?;
+        }
+        checker.launch_prepared(&group, st).map_err(|e| es(&e))?;
+        checker.runtime().synchronize(st).map_err(|e| es(&e))?;
+        for (i, c) in copies.iter().enumerate() {
+            let (a, b) = (c.2.read().map_err(|e| es(&e))?, c.3.read().map_err(|e| es(&e))?);
+            let epoch = u64::from_le_bytes(a[8..16].try_into().unwrap());
+            if a != b || epoch != replay {
+                let at = a.iter().zip(&b).position(|(x, y)| x != y);
+                differ.push(format!("replay {replay}, copy {i}: epoch {epoch}, first differing byte {at:?}"));
+            }
+        }
+    }
+    Ok((
+        differ.is_empty(),
+        format!(
+            "grid {:?} for copies of grids {:?}{}",
+            group.config().grid,
+            copies.iter().map(|c| c.0.config().grid).collect::<Vec<_>>(),
+            if differ.is_empty() { String::new() } else { format!(": {}", differ.join("; ")) }
+        ),
+    ))
 }
 
 /// The largest relative difference between two sketch results of the same check: the sums,
