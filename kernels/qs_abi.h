@@ -357,19 +357,6 @@ struct QsSnapParams {
     qs_u64 epoch_counter_ptr;
 };
 
-// qs_sketch_snap_group_{a}_{d}: up to QS_SNAP_GROUP lean snapshot copies (the body of
-// qs_sketch_snap_rows) in one launch, grid (largest rows, largest chunks, copies), copy z =
-// p[z] over its own grid[z] = (rows, chunks). Captured decode GEMMs that follow each other with
-// nothing between share one copy node instead of one each (runtime/src/engine/copy_beside.rs).
-// The whole struct stays within the 4 KiB kernel parameter limit of every CUDA driver.
-#define QS_SNAP_GROUP 6
-struct QsSnapGroup {
-    QsSnapParams p[QS_SNAP_GROUP];
-    qs_u32 grid[QS_SNAP_GROUP][2];
-    qs_u32 count;
-    qs_u32 reserved;
-};
-
 // qs_compare_{d} and qs_compare_logits_{d}: D rows vs the f32 reference rows. Grid-stride over
 // the rows: any grid.x; QS_BLOCK threads. The logits variant always takes a block per row.
 struct QsCompareParams {
@@ -496,7 +483,6 @@ static_assert(sizeof(QsWprojParams) == 184, "QsWprojParams");
 static_assert(sizeof(QsSketchParams) == 776, "QsSketchParams");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
 static_assert(sizeof(QsSnapParams) == 672, "QsSnapParams");
-static_assert(sizeof(QsSnapGroup) == 4088, "QsSnapGroup");
 static_assert(sizeof(QsCompareParams) == 272, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");

@@ -294,14 +294,6 @@ QS_DEVICE void qs_launch_dependents() {
 #endif
 }
 
-// A kernel parameter read in place (indexed at run time without a per-thread local copy):
-// CUDA sm_70+ only; elsewhere the parameter is an ordinary by-value one.
-#if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-#define QS_GRID_CONSTANT __grid_constant__
-#else
-#define QS_GRID_CONSTANT
-#endif
-
 // Waits about `ns` nanoseconds (CUDA: the global timer; elsewhere it returns at once).
 QS_DEVICE void qs_sleep_ns(qs_u64 ns) {
 #if defined(QS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700

@@ -19,8 +19,6 @@
 //   qs_sketch_wproj_{b}            W_R = op(B)_ref R, and its fragment order (once per weight)
 //   qs_sketch_check_{a}_{d}        the per-call check, results into the ring
 //   qs_sketch_lean_{a}_{d}         the same check for common calls on CUDA sm_90+ (clusters)
-//   qs_sketch_snap_{a}_{d}, qs_sketch_snap_rows_{a}_{d}, qs_sketch_snap_group_{a}_{d}
-//                                  a detached check's snapshot copy (general, lean, several lean)
 #include "qs_device.h"
 
 #if !defined(QS_A_FMT) || !defined(QS_B_FMT) || !defined(QS_D_FMT)
@@ -2079,9 +2077,8 @@ QS_DEVICE void qs_snap_body(const QsSnapParams& P, qs_u64 epoch, qs_u64 st) {
 QS_DEVICE qs_u64 qs_snap_count_launch(const QsSnapParams& P) {
     return P.epoch_counter_ptr ? qs_atomic_add_u64((qs_u64*)P.epoch_counter_ptr, 1) : 0;
 }
-// blocks: the copy's own block count (every one of them counted the launch once).
-QS_DEVICE qs_u64 qs_snap_epoch(const QsSnapParams& P, qs_u64 counted, qs_u64 blocks) {
-    return P.epoch_counter_ptr ? counted / blocks : P.rows.epoch_value;
+QS_DEVICE qs_u64 qs_snap_epoch(const QsSnapParams& P, qs_u64 counted) {
+    return P.epoch_counter_ptr ? counted / ((qs_u64)gridDim.x * gridDim.y) : P.rows.epoch_value;
 }
 // The launch tag a snapshot's header carries: (epoch mod 2^31) + 1, never 0.
 QS_DEVICE qs_u64 qs_snap_tag(qs_u64 epoch) { return (epoch & 0x7FFFFFFFull) + 1; }
@@ -2091,7 +2088,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
     __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;  // this block's status bits (qs_flag works on shared addresses)
     if (threadIdx.x == 0) {
-        s_epoch = qs_snap_epoch(P, qs_snap_count_launch(P), (qs_u64)gridDim.x * gridDim.y);
+        s_epoch = qs_snap_epoch(P, qs_snap_count_launch(P));
         s_status = 0;
     }
     __syncthreads();
@@ -2126,9 +2123,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
 // GEMV; 0.8 us per FP8 copy node, docs/measurements/2026-11-26-h100-batched-checks.md).
 #define QS_SKETCH_SNAP_ROWS QS_CAT5(qs_sketch_snap_rows_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 
-// Block (bx, by) of a copy launched over (gx rows, gy chunks) blocks; every block of the copy
-// calls it (it has barriers).
-QS_DEVICE void qs_snap_rows_body(const QsSnapParams& P, unsigned bx, unsigned by, unsigned gx, unsigned gy) {
+QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
     __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;
     const QsGemmDesc& g = P.g;
@@ -2140,12 +2135,12 @@ QS_DEVICE void qs_snap_rows_body(const QsSnapParams& P, unsigned bx, unsigned by
     // Rows drawn by epoch wait for it; with all rows taken the copy starts at once (thread 0
     // reads `counted` only where it stores the epoch).
     const bool rows_by_epoch = P.rows.mode == QS_ROWS_PERM;
-    if (rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted, (qs_u64)gx * gy);
+    if (rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
     qs_wait_prior_grid();  // an early start: the production GEMM's A and D after this
     // Device-pointer scalars (FP8 scales are tensors) into the header: loaded here, so that the
     // round trip overlaps the rows' instead of following them.
-    const bool header = bx == 0 && by == 0;
+    const bool header = blockIdx.x == 0 && blockIdx.y == 0;
     qs_u64 scalar = 0;
     if (header && threadIdx.x < 5) {
         scalar = qs_snap_scalar(threadIdx.x == 0   ? g.alpha
@@ -2154,15 +2149,15 @@ QS_DEVICE void qs_snap_rows_body(const QsSnapParams& P, unsigned bx, unsigned by
                                 : threadIdx.x == 3 ? g.beta
                                                    : g.d_scale);
     }
-    const qs_u64 t = bx;
+    const qs_u64 t = blockIdx.x;
     qs_u64 row = 0;
     if (t < P.rows.count && qs_rows_at(P.rows, rows_by_epoch ? s_epoch : 0, t, &row, (qs_u64)&s_status)) {
         qs_u8* out = (qs_u8*)P.out_ptr;
-        if (by == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = row;
+        if (blockIdx.y == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = row;
         const qs_u64 a_bytes = QsFmt<QS_A_FMT>::BITS / 8, d_bytes = QsFmt<QS_D_FMT>::BITS / 8;
         qs_u64 ka, kb, na, nb;
-        qs_slice(g.k, by, gy, &ka, &kb);
-        qs_slice(g.n, by, gy, &na, &nb);
+        qs_slice(g.k, blockIdx.y, gridDim.y, &ka, &kb);
+        qs_slice(g.n, blockIdx.y, gridDim.y, &na, &nb);
         const uint4* sa = (const uint4*)((const qs_u8*)g.a.ptr + (row * qs_op_strides(g.a).rs + ka) * a_bytes);
         uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes + ka * a_bytes);
         const uint4* sd = (const uint4*)((const qs_u8*)g.d.ptr + (row * g.d.ld + na) * d_bytes);
@@ -2177,7 +2172,7 @@ QS_DEVICE void qs_snap_rows_body(const QsSnapParams& P, unsigned bx, unsigned by
             if (v < vd) dd[v] = y;
         }
     }
-    if (!rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted, (qs_u64)gx * gy);
+    if (!rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
     QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
     const qs_u64 tag = qs_snap_tag(s_epoch);
@@ -2189,22 +2184,4 @@ QS_DEVICE void qs_snap_rows_body(const QsSnapParams& P, unsigned bx, unsigned by
         if (threadIdx.x < 5) hdr->scalars[threadIdx.x] = scalar;
     }
     if (threadIdx.x == 0 && s_status != 0) qs_snap_merge_status(hdr, tag, s_status);
-}
-
-QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
-    qs_snap_rows_body(P, blockIdx.x, blockIdx.y, gridDim.x, gridDim.y);
-}
-
-// qs_sketch_snap_group_{a}_{d}: QsSnapGroup (qs_abi.h), the copies of several captured calls in
-// one graph node (a node costs ~2.5 us on a decode graph's chain, H100). Never started early.
-#define QS_SKETCH_SNAP_GROUP QS_CAT5(qs_sketch_snap_group_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
-
-QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_GROUP(const QS_GRID_CONSTANT QsSnapGroup G) {
-    const unsigned z = blockIdx.z;
-    if (z >= G.count || z >= QS_SNAP_GROUP) return;
-    // Blocks past this copy's own grid (sized for a larger copy of the group) leave at once,
-    // whole blocks, before any barrier; the copy's blocks count its launch as alone.
-    const unsigned gx = G.grid[z][0], gy = G.grid[z][1];
-    if (blockIdx.x >= gx || blockIdx.y >= gy) return;
-    qs_snap_rows_body(G.p[z], blockIdx.x, blockIdx.y, gx, gy);
 }

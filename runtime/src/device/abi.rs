@@ -482,21 +482,6 @@ pub struct QsSnapParams {
     pub epoch_counter_ptr: u64,
 }
 
-/// Lean snapshot copies one `qs_sketch_snap_group_{a}_{d}` launch takes (qs_abi.h
-/// QS_SNAP_GROUP): as many as keep [`QsSnapGroup`] within the 4 KiB kernel parameter limit.
-pub const SNAP_GROUP: usize = 6;
-
-/// Up to [`SNAP_GROUP`] lean snapshot copies in one launch: copy z is `p[z]` over its own grid
-/// `grid[z]` = (rows, chunks); the launch's grid is (largest rows, largest chunks, `count`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct QsSnapGroup {
-    pub p: [QsSnapParams; SNAP_GROUP],
-    pub grid: [[u32; 2]; SNAP_GROUP],
-    pub count: u32,
-    pub reserved: u32,
-}
-
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QsCompareParams {
@@ -658,7 +643,6 @@ const _: () = {
     assert!(size_of::<QsSketchParams>() == 776);
     assert!(size_of::<QsSnapHeader>() == 64);
     assert!(size_of::<QsSnapParams>() == 672);
-    assert!(size_of::<QsSnapGroup>() == 4088 && offset_of!(QsSnapGroup, grid) == 4032);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
     assert!(size_of::<QsCompareParams>() == 272);
@@ -674,7 +658,7 @@ const _: () = {
     assert!(size_of::<QsComparePartial>() == 200);
     assert!(size_of::<QsLogitsRow>() == 272);
     // CUDA's kernel parameter limit (4 KiB before 12.1; HIP's is similar).
-    assert!(size_of::<QsSketchParams>() <= 4096 && size_of::<QsSnapGroup>() <= 4096);
+    assert!(size_of::<QsSketchParams>() <= 4096);
 };
 
 /// A struct a kernel takes by value, or a record the device writes.
@@ -715,7 +699,6 @@ plain_data!(
     QsSnapHeader,
     QsSnapRegion,
     QsSnapParams,
-    QsSnapGroup,
     QsCompareParams,
     QsSelftestParams,
     QsSums,
@@ -1429,8 +1412,6 @@ pub enum ParamKind {
     Sketch,
     /// [`QsSnapParams`] (`qs_sketch_snap_{a}_{d}`, the detached check's snapshot).
     Snap,
-    /// [`QsSnapGroup`] (`qs_sketch_snap_group_{a}_{d}`, several lean snapshot copies).
-    SnapGroup,
     Compare,
     Selftest,
     /// [`QsInjectParams`].
@@ -1486,9 +1467,8 @@ impl KernelBuild {
     }
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
-    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}`, its lean form
-    /// `qs_sketch_snap_rows_{a}_{d}` and several of those in one launch
-    /// `qs_sketch_snap_group_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`.
+    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean form
+    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         let per_a_d =
@@ -1506,7 +1486,6 @@ impl KernelBuild {
                 per_a_d("qs_sketch_check", ParamKind::Sketch),
                 per_a_d("qs_sketch_snap", ParamKind::Snap),
                 per_a_d("qs_sketch_snap_rows", ParamKind::Snap),
-                per_a_d("qs_sketch_snap_group", ParamKind::SnapGroup),
             ]
             .into_iter()
             .chain(lean_sketch_formats(a, d).then(|| per_a_d("qs_sketch_lean", ParamKind::Sketch)))
@@ -1746,14 +1725,6 @@ mod tests {
     }
 
     #[test]
-    fn snap_group_size_matches_the_header() {
-        let header = HEADERS.iter().find(|(name, _)| *name == "qs_abi.h").expect("qs_abi.h").1;
-        let line = header.lines().find(|l| l.starts_with("#define QS_SNAP_GROUP ")).expect("QS_SNAP_GROUP");
-        assert_eq!(line.split_whitespace().nth(2).and_then(|v| v.parse::<usize>().ok()), Some(SNAP_GROUP));
-        assert!(header.contains("static_assert(sizeof(QsSnapGroup) == 4088"));
-    }
-
-    #[test]
     fn lean_sketch_takes_only_what_its_kernel_reads_as_vectors() {
         let desc = |p: &GemmProblem, a: u64, d: u64| {
             let bufs = GemmBuffers { a, b: 0x20000, c: 0, d, ..Default::default() };
@@ -1819,7 +1790,6 @@ mod tests {
                 "qs_sketch_check_e4m3fn_bf16",
                 "qs_sketch_snap_e4m3fn_bf16",
                 "qs_sketch_snap_rows_e4m3fn_bf16",
-                "qs_sketch_snap_group_e4m3fn_bf16",
                 "qs_sketch_lean_e4m3fn_bf16"
             ]
         );

@@ -211,7 +211,6 @@ pub struct SketchEntries {
     lean: Option<super::Function>,
     snap: super::Function,
     snap_rows: super::Function,
-    snap_group: super::Function,
 }
 
 impl SketchEntries {
@@ -222,15 +221,9 @@ impl SketchEntries {
             lean: if abi::lean_sketch_formats(a, d) { Some(entry("qs_sketch_lean")?) } else { None },
             snap: entry("qs_sketch_snap")?,
             snap_rows: entry("qs_sketch_snap_rows")?,
-            snap_group: entry("qs_sketch_snap_group")?,
         })
     }
 }
-
-/// The `qs_sketch_snap_group` entry of a lean snapshot copy's program: copies with equal ones
-/// can share a launch ([`GpuChecker::group_copies`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopyGroup(super::Function);
 
 /// One device's programs, ring and launch helpers.
 pub struct GpuChecker {
@@ -353,13 +346,6 @@ pub struct PreparedLaunch<P: KernelParams> {
     /// for that grid before reading its memory: `qs_wait_prior_grid`). Only for kernels whose
     /// work before that wait reads nothing the stream's earlier work may still be writing.
     pub early_start: bool,
-}
-
-impl<P: KernelParams> PreparedLaunch<P> {
-    /// Grid, block and shared memory of the launch.
-    pub fn config(&self) -> &LaunchConfig {
-        &self.config
-    }
 }
 
 impl PreparedLaunch<QsSketchParams> {
@@ -780,56 +766,6 @@ impl GpuChecker {
         // the ordinary launch.
         check.early_start = false;
         Ok((copy, check))
-    }
-
-    /// The group entry of the lean snapshot copy [`Self::prepare_detached`] prepares for `g`
-    /// (program already loaded): copies with the same one can share a launch
-    /// ([`Self::group_copies`]). None for the general copy, or where the program is not loaded.
-    pub fn copy_group(&self, g: &QsGemmDesc, kp: u32) -> Option<CopyGroup> {
-        if !super::snapshot::SnapshotLayout::lean_copy(g) {
-            return None;
-        }
-        let (a, b, d) = (format_of(g.a.format).ok()?, format_of(g.b.format).ok()?, format_of(g.d.format).ok()?);
-        Some(CopyGroup(self.loaded_sketch_entries(a, b, d, kp)?.snap_group))
-    }
-
-    /// Lean snapshot copies of one program (`group`, [`Self::copy_group`]) as one launch:
-    /// grid (largest rows, largest chunks, copies), each copy over its own grid.
-    pub fn group_copies(
-        &self,
-        group: CopyGroup,
-        copies: &[&PreparedLaunch<abi::QsSnapParams>],
-    ) -> Result<PreparedLaunch<abi::QsSnapGroup>, DeviceError> {
-        let n = copies.len();
-        if n == 0 || n > abi::SNAP_GROUP {
-            return Err(abi_err(abi::AbiError::TooLarge {
-                what: "snapshot copies in one launch",
-                value: n as u64,
-                limit: abi::SNAP_GROUP as u64,
-            }));
-        }
-        let block = copies[0].config.block;
-        let mut params = abi::QsSnapGroup { count: n as u32, ..Default::default() };
-        let mut grid = [1u32, 1, n as u32];
-        for (z, c) in copies.iter().enumerate() {
-            if c.config.block != block || c.config.grid[2] != 1 || c.config.shared_bytes != 0 {
-                return Err(abi_err(abi::AbiError::TooLarge {
-                    what: "snapshot copy launch shape differing from its group's",
-                    value: c.config.grid[2] as u64,
-                    limit: 1,
-                }));
-            }
-            params.p[z] = c.params;
-            params.grid[z] = [c.config.grid[0], c.config.grid[1]];
-            grid[0] = grid[0].max(c.config.grid[0]);
-            grid[1] = grid[1].max(c.config.grid[1]);
-        }
-        Ok(PreparedLaunch {
-            function: group.0,
-            config: LaunchConfig { grid, block, shared_bytes: 0 },
-            params,
-            early_start: false,
-        })
     }
 
     /// `entry` of `build` resolved once with `params`, to launch with [`Self::launch_prepared`]

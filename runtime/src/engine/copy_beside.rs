@@ -15,14 +15,6 @@
 //!   to every dependent of the GEMM's nodes ([`Settle::Join`]). A capture is only recorded,
 //!   never run, until it is instantiated, so the edges still take effect.
 //!
-//! **Groups.** A GEMM that ran beside a pending copy and takes a copy of its own joins it: the
-//! group stays pending after that GEMM's nodes, and the next GEMM that runs beside it, and so on,
-//! up to [`crate::device::abi::SNAP_GROUP`] copies of one kernel program. The group becomes one
-//! node (`qs_sketch_snap_group`): a decode graph's chain of GEMMs with nothing between them pays
-//! for one copy node per group instead of one per GEMM. Every copy of a group reads only what
-//! none of the GEMMs after its own writes (each was let run beside it), so copying after the
-//! group's last GEMM reads what it would have read right after its own.
-//!
 //! A copy that cannot be added and ordered takes its check with it (counted, never judged on a
 //! snapshot that may be torn).
 
@@ -31,21 +23,19 @@ use crate::device::GraphNode;
 /// Byte ranges `[start, end)`.
 pub(crate) type Span = (u64, u64);
 
-/// A copy (or a group of them) waiting to be added after its GEMM's nodes and ordered before
-/// later work of its stream; `W` is what the backend needs to add one (the prepared copy and its
-/// check).
+/// A copy waiting to be added after its GEMM's nodes and ordered before later work of its
+/// stream; `W` is what the backend needs to add it (the prepared copy and its check).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PendingCopy<W> {
     pub capture: u64,
     pub stream: u64,
-    /// The stream's capture dependencies right after its (group's last) GEMM: the GEMM's nodes.
+    /// The stream's capture dependencies right after its GEMM (the GEMM's nodes).
     pub after: Vec<GraphNode>,
-    /// What the copies read.
+    /// What the copy reads.
     pub reads: Vec<Span>,
     /// The next GEMM was let run beside the copy; it is added after that GEMM.
     pub beside: bool,
-    /// The copies, oldest first (one unless grouped).
-    pub works: Vec<W>,
+    pub work: W,
 }
 
 /// How a pending copy is settled when the next GEMM of its stream is about to be captured.
@@ -75,33 +65,6 @@ impl<W> PendingCopy<W> {
             }
             _ => Settle::Join,
         }
-    }
-}
-
-impl<W> PendingCopy<W> {
-    /// Takes `next` (a copy just prepared after the GEMM this one ran beside) into this group:
-    /// same capture and stream, both pending after the same nodes (nothing captured since),
-    /// at most `max` copies, and every pair of copies launchable together (`together`).
-    /// Otherwise hands `next` back.
-    pub fn absorb(
-        &mut self,
-        next: PendingCopy<W>,
-        max: usize,
-        together: impl Fn(&W, &W) -> bool,
-    ) -> Result<(), PendingCopy<W>> {
-        let fits = self.capture == next.capture
-            && self.stream == next.stream
-            && !self.beside
-            && !next.beside
-            && same_nodes(&self.after, &next.after)
-            && self.works.len() + next.works.len() <= max
-            && self.works.iter().all(|w| next.works.iter().all(|n| together(w, n)));
-        if !fits {
-            return Err(next);
-        }
-        self.reads.extend(next.reads);
-        self.works.extend(next.works);
-        Ok(())
     }
 }
 
@@ -159,7 +122,7 @@ mod tests {
             after: after.iter().map(|&n| GraphNode(n)).collect(),
             reads: reads.to_vec(),
             beside: false,
-            works: vec![100 + stream],
+            work: 100 + stream,
         }
     }
 
@@ -181,30 +144,6 @@ mod tests {
         assert_eq!(p.settle(&nodes(&[10]), Some((0x9000, 0xa000))), Settle::Join);
         // Unknown output: never beside.
         assert_eq!(p.settle(&nodes(&[10, 11]), None), Settle::Join);
-    }
-
-    #[test]
-    fn a_group_takes_copies_prepared_after_the_same_nodes_up_to_its_size() {
-        let together = |a: &u64, b: &u64| a / 100 == b / 100; // same "program"
-        let mut g = copy(1, &[10, 11], &[(0x1000, 0x2000)]);
-        g.absorb(copy(1, &[11, 10], &[(0x3000, 0x4000)]), 3, together).expect("same nodes, same stream");
-        assert_eq!((g.works.len(), g.reads.len()), (2, 2));
-        // Another stream, capture or program; moved nodes; a copy beside a GEMM: not taken.
-        let back = |g: &mut PendingCopy<u64>, c: PendingCopy<u64>| g.absorb(c, 3, together).is_err();
-        assert!(back(&mut g, copy(2, &[10, 11], &[])));
-        assert!(back(&mut g, PendingCopy { capture: 8, ..copy(1, &[10, 11], &[]) }));
-        assert!(back(&mut g, PendingCopy { works: vec![200], ..copy(1, &[10, 11], &[]) }));
-        assert!(back(&mut g, copy(1, &[12], &[])));
-        assert!(back(&mut g, PendingCopy { beside: true, ..copy(1, &[10, 11], &[]) }));
-        let mut beside = PendingCopy { beside: true, ..g.clone() };
-        assert!(back(&mut beside, copy(1, &[10, 11], &[])));
-        // Full at 3.
-        g.absorb(copy(1, &[10, 11], &[(0x5000, 0x6000)]), 3, together).expect("third");
-        assert!(back(&mut g, copy(1, &[10, 11], &[])));
-        assert_eq!(g.works, vec![101, 101, 101]);
-        // The group's reads decide whether the next GEMM runs beside it.
-        assert_eq!(g.settle(&nodes(&[10, 11]), Some((0x3800, 0x3900))), Settle::Join);
-        assert_eq!(g.settle(&nodes(&[10, 11]), Some((0x6000, 0x7000))), Settle::Beside);
     }
 
     #[test]

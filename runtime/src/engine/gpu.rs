@@ -279,14 +279,6 @@ const DEFERRED_CAPTURES: usize = 8;
 struct CopyWork {
     copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
     check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
-    /// Lean copies of one program can share a launch with others of it.
-    group: Option<crate::device::gpu::CopyGroup>,
-}
-
-impl CopyWork {
-    fn together(a: &CopyWork, b: &CopyWork) -> bool {
-        a.group.is_some() && a.group == b.group
-    }
 }
 
 /// A check deferred to its capture's end, and its snapshot copy's node when that copy is a
@@ -1021,30 +1013,14 @@ impl GpuBackend {
                         Err(skip) => return skip,
                     };
                     let reads = snapshot_reads(g);
-                    let group = self.checker.copy_group(g, weight.kp);
-                    let work = CopyWork { copy, check, group };
+                    let work = CopyWork { copy, check };
                     let pending =
-                        PendingCopy { capture: id, stream: stream.0, after, reads, beside: false, works: vec![work] };
-                    // A group this GEMM ran beside takes its copy (settle_copy_after left it
-                    // pending after this GEMM's nodes). Anything else pending here is added
-                    // first, and the copy then waits after the nodes that leaves.
-                    let taken = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0);
-                    let (mut pending, earlier) = match taken {
-                        Some(mut group) => match group.absorb(pending, abi::SNAP_GROUP, CopyWork::together) {
-                            Ok(()) => (group, None),
-                            Err(back) => (back, Some(group)),
-                        },
-                        None => (pending, None),
-                    };
-                    if let Some(old) = earlier {
-                        self.add_copy(old, true, true);
-                        // Else its GEMM's nodes stay: the copy is then ordered by retro edges.
-                        if let Ok(Some(now)) = self.runtime.capture_frontier(stream) {
-                            pending.after = now;
-                        }
-                    }
-                    let out = self.copies.lock().unwrap_or_else(|e| e.into_inner()).push(pending);
-                    if let Some(old) = out {
+                        PendingCopy { capture: id, stream: stream.0, after, reads, beside: false, work };
+                    let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+                    let earlier = copies.take(stream.0); // settled in after_call: not reached
+                    let out = copies.push(pending);
+                    drop(copies);
+                    for old in earlier.into_iter().chain(out) {
                         let into_stream = old.stream == stream.0;
                         self.add_copy(old, into_stream, true);
                     }
@@ -1436,23 +1412,11 @@ impl GpuBackend {
     /// GEMM's nodes, so the executor keeps the production chain on its stream) and joins the
     /// stream, so that later work waits for it.
     fn settle_copy_after(&self, stream: Stream) {
-        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(copy) = copies.take(stream.0) else { return };
+        let copy = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0);
+        let Some(copy) = copy else { return };
         if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
             return;
         }
-        // Room for this GEMM's own copy: the group waits after this GEMM's nodes (the GEMM is
-        // not ordered after it, and writes nothing it reads) for the check path to add it.
-        let room = copy.beside
-            && copy.works.len() < abi::SNAP_GROUP
-            && copy.works.first().is_some_and(|w| w.group.is_some());
-        if room {
-            if let Ok(Some(after)) = self.runtime.capture_frontier(stream) {
-                copies.put_back(PendingCopy { after, beside: false, ..copy });
-                return;
-            }
-        }
-        drop(copies);
         let retro = !copy.beside;
         self.add_copy(copy, true, retro);
     }
@@ -1463,42 +1427,29 @@ impl GpuBackend {
     /// check with it (counted).
     fn add_copy(&self, copy: PendingCopy<CopyWork>, into_stream: bool, retro: bool) {
         let stream = Stream(copy.stream);
-        let deps = BranchDeps::Exactly(&copy.after);
-        let node = match copy.works.as_slice() {
-            [one] => self.checker.launch_prepared_branch(&one.copy, stream, deps),
-            works => match works.first().and_then(|w| w.group) {
-                Some(group) => {
-                    let launches: Vec<_> = works.iter().map(|w| &w.copy).collect();
-                    self.checker
-                        .group_copies(group, &launches)
-                        .and_then(|launch| self.checker.launch_prepared_branch(&launch, stream, deps))
-                }
-                None => Err(crate::device::DeviceError::Unsupported("copies grouped without a group entry".into())),
-            },
-        };
-        let added = node.and_then(|node| {
-            let from: &[crate::device::GraphNode] = if retro { &copy.after } else { &[] };
-            self.runtime.join_graph_branch(stream, node, from, into_stream).map(|()| node)
-        });
+        let added = self
+            .checker
+            .launch_prepared_branch(&copy.work.copy, stream, BranchDeps::Exactly(&copy.after))
+            .and_then(|node| {
+                let from: &[crate::device::GraphNode] = if retro { &copy.after } else { &[] };
+                self.runtime.join_graph_branch(stream, node, from, into_stream).map(|()| node)
+            });
         match added {
             Ok(node) => {
-                let mut deferred = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
-                for work in copy.works {
-                    let check = DeferredCheck { launch: work.check, copy: Some(node) };
-                    for _ in 0..deferred.push(copy.capture, check) {
-                        super::note_skip(NEVER_ADDED);
-                    }
+                let check = DeferredCheck { launch: copy.work.check, copy: Some(node) };
+                let given_up =
+                    self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(copy.capture, check);
+                for _ in 0..given_up {
+                    super::note_skip(NEVER_ADDED);
                 }
             }
             // The failing call and its status (a few distinct texts: skips are counted by reason).
             Err(e) => {
                 let e = e.to_string();
                 let why: String = e.split('(').next().unwrap_or("").trim().chars().take(120).collect();
-                for _ in &copy.works {
-                    super::note_skip(&format!(
-                        "graph capture: snapshot copy not added or not ordered (check dropped): {why}"
-                    ))
-                }
+                super::note_skip(&format!(
+                    "graph capture: snapshot copy not added or not ordered (check dropped): {why}"
+                ))
             }
         }
     }
