@@ -21,17 +21,17 @@
 
 #define CHECK(x)                                                                               \
     do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+        cudaError_t err_ = (x);                                                                \
+        if (err_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
             exit(1);                                                                           \
         }                                                                                      \
     } while (0)
 #define CHECK_BLAS(x)                                                    \
     do {                                                                 \
-        cublasStatus_t s = (x);                                          \
-        if (s != CUBLAS_STATUS_SUCCESS) {                                \
-            fprintf(stderr, "%s:%d %s: %d\n", __FILE__, __LINE__, #x, (int)s); \
+        cublasStatus_t st_ = (x);                                        \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                              \
+            fprintf(stderr, "%s:%d %s: %d\n", __FILE__, __LINE__, #x, (int)st_); \
             exit(1);                                                     \
         }                                                                \
     } while (0)
