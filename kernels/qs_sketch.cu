@@ -937,9 +937,19 @@ QS_DEVICE qs_u64 qs_tm_now() {
     if (threadIdx.x == 0) atomicMax(&qs_tm_proj, qs_tm_now())
 #define QS_TM_MARK(var) \
     const qs_u64 var = qs_tm_now()
-// det: 0 in place, 1 detached; the lean kernel adds 2.
+// det: 0 in place, 1 detached; the lean kernel adds 2. QS_SKETCH_TIMING=2 also prints the
+// last block's stage marks as absolute %globaltimer values (QS_TIMING_ABS): with many checks at
+// once (a decode graph's end) the shared first-block start above mixes them up.
+#if QS_SKETCH_TIMING == 2
+#define QS_TM_ABS(group_done, final_done, claimed)                                                    \
+    printf("QS_TIMING_ABS n %llu k %llu group %llu final %llu claim %llu publish %llu\n", P.g.n, P.g.k, \
+           group_done, final_done, claimed, qs_tm_now())
+#else
+#define QS_TM_ABS(group_done, final_done, claimed) ((void)0)
+#endif
 #define QS_TM_REPORT(group_done, final_done, claimed, kernel)                                                 \
     if (threadIdx.x == 0) {                                                                                  \
+        QS_TM_ABS(group_done, final_done, claimed);                                                          \
         const qs_u64 s0 = qs_tm_start, end = qs_tm_now();                                                    \
         printf("QS_TIMING af %d m %llu n %llu k %llu det %d last_start %llu a %llu proj %llu group %llu final %llu " \
                "claim %llu publish %llu\n",                                                                     \
