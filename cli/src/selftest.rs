@@ -324,7 +324,14 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
         out.extend(gpu_inject(checker));
     }
     if run("ring") {
-        out.push(gpu_ring_full(checker).unwrap_or_else(|e| error_outcome("ring", "full ring", e)));
+        // 3 slots: every claim near full (compare-and-swap); 2048: the first 1024 unread take
+        // the one-add claim (qs_ring_claim's margin), the rest compare-and-swap up to full.
+        for (capacity, launches) in [(3u32, 5u64), (2048, 2100)] {
+            out.push(
+                gpu_ring_full(checker, capacity, launches)
+                    .unwrap_or_else(|e| error_outcome("ring", format!("full ring of {capacity}"), e)),
+            );
+        }
     }
     out
 }
@@ -333,8 +340,7 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
 /// of overwriting unread ones, and once the host has read them the device learns so and writes
 /// again (its copy of `consumed` is refreshed across the bus only when it says "full"). Every
 /// slot taken must be whole: the tag the launch gave and the metrics of the data.
-fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
-    const CAPACITY: u32 = 3;
+fn gpu_ring_full(checker: &GpuChecker, capacity: u32, launches: u64) -> Result<Outcome, String> {
     let (m, n) = (57u64, 300u64);
     let problem = scheme_problem("bf16", m, n, 64);
     let mut rng = quantshadow_runtime::rng::SplitMix64::new(99);
@@ -363,11 +369,11 @@ fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
         };
         checker.compare(&request, Stream::default()).map_err(|e| e.to_string())
     };
-    let small = checker.replace_ring(CAPACITY).map_err(|e| e.to_string())?;
+    let small = checker.replace_ring(capacity).map_err(|e| e.to_string())?;
     /// Tags taken while full, drops then, tags taken after, drops after, every slot right.
     type RingRun = (Vec<u64>, u64, Vec<u64>, u64, bool);
     let result = (|| -> Result<RingRun, String> {
-        for tag in 1..=5 {
+        for tag in 1..=launches {
             launch(tag)?;
         }
         let mut whole = true;
@@ -381,22 +387,40 @@ fn gpu_ring_full(checker: &GpuChecker) -> Result<Outcome, String> {
             (tags, ring.dropped())
         };
         let (first, dropped_full) = checker.with_ring(&mut take);
-        launch(6)?;
-        launch(7)?;
+        launch(launches + 1)?;
+        launch(launches + 2)?;
         let (second, dropped_after) = checker.with_ring(&mut take);
         Ok((first, dropped_full, second, dropped_after, whole))
     })();
     // The small ring goes (nothing is running: compare synchronises).
     drop(checker.replace_ring_with(small));
     let (first, dropped_full, second, dropped_after, whole) = result?;
-    let pass = first == [1, 2, 3] && dropped_full == 2 && second == [6, 7] && dropped_after == 2 && whole;
+    let cap = capacity as u64;
+    let want_first: Vec<u64> = (1..=cap.min(launches)).collect();
+    let want_dropped = launches.saturating_sub(cap);
+    let want_second = [launches + 1, launches + 2];
+    let pass = first == want_first
+        && dropped_full == want_dropped
+        && second == want_second
+        && dropped_after == want_dropped
+        && whole;
+    let show = |t: &[u64]| match t {
+        [] => "none".to_string(),
+        [one] => format!("[{one}]"),
+        [a, .., z] if t.len() > 4 => format!("{} tags {a}..={z}", t.len()),
+        t => format!("{t:?}"),
+    };
     Ok(outcome(
         "ring",
-        format!("capacity {CAPACITY}: 5 launches unread, then 2 more"),
+        format!("capacity {capacity}: {launches} launches unread, then 2 more"),
         pass,
         format!(
-            "taken {first:?}, dropped {dropped_full}; then taken {second:?}, dropped {dropped_after}; \
-             every slot whole and right: {whole} (want [1, 2, 3], 2, [6, 7], 2, true)"
+            "taken {}, dropped {dropped_full}; then taken {}, dropped {dropped_after}; every slot whole and right: \
+             {whole} (want {}, {want_dropped}, {:?}, {want_dropped}, true)",
+            show(&first),
+            show(&second),
+            show(&want_first),
+            want_second
         ),
     ))
 }

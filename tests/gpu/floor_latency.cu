@@ -2,7 +2,7 @@
 // --only sketch` times the real one (CUDA events around back-to-back eager launches, median of
 // trials), so the two can be compared side by side on one GPU:
 //
-//     nvcc -O3 -arch=sm_90 tests/gpu/floor_latency.cu -o /tmp/floor_latency && /tmp/floor_latency
+//     nvcc -O3 -arch=sm_90 tests/gpu/floor_latency.cu -o /tmp/floor_latency && /tmp/floor_latency [--graph]
 //
 // Cases, each with no arithmetic beyond keeping its loads alive:
 //  - empty kernels of the lean check's launch shape (64 blocks; 8 clusters of 8 with its ~40 KiB
@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 typedef unsigned long long u64;
@@ -147,9 +148,45 @@ __global__ void __launch_bounds__(256, 1) __cluster_dims__(1, 8, 1) k_cluster_re
     publish(g, gridDim.x * gridDim.y);
 }
 
+// Eager: events around `reps` launches from the host (the host's launch rate bounds short kernels,
+// ~4 us per launch on the H100 host of 2026-11-27). Graph: the same launches captured once and
+// replayed (the GPU's own time per kernel, launch latency inside a graph included).
+static bool g_graph = false;
+
 template <class F>
 float per_launch_us(F launch, int reps = 200, int trials = 7) {
-    for (int i = 0; i < 20; ++i) launch();
+    if (g_graph) {
+        cudaStream_t s;
+        CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < reps; ++i) launch(s);
+        CHECK(cudaStreamEndCapture(s, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        cudaEvent_t e0, e1;
+        CHECK(cudaEventCreate(&e0));
+        CHECK(cudaEventCreate(&e1));
+        std::vector<float> v;
+        for (int t = 0; t < trials; ++t) {
+            CHECK(cudaEventRecord(e0, s));
+            CHECK(cudaGraphLaunch(exec, s));
+            CHECK(cudaEventRecord(e1, s));
+            CHECK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            v.push_back(ms * 1000.f / reps);
+        }
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+        CHECK(cudaStreamDestroy(s));
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    }
+    auto eager = [&] { launch((cudaStream_t)0); };
+    for (int i = 0; i < 20; ++i) eager();
     CHECK(cudaDeviceSynchronize());
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
@@ -157,7 +194,7 @@ float per_launch_us(F launch, int reps = 200, int trials = 7) {
     std::vector<float> v;
     for (int t = 0; t < trials; ++t) {
         CHECK(cudaEventRecord(e0));
-        for (int i = 0; i < reps; ++i) launch();
+        for (int i = 0; i < reps; ++i) eager();
         CHECK(cudaEventRecord(e1));
         CHECK(cudaEventSynchronize(e1));
         float ms = 0;
@@ -169,10 +206,13 @@ float per_launch_us(F launch, int reps = 200, int trials = 7) {
     return v[v.size() / 2];
 }
 
-int main() {
+int main(int argc, char** argv) {
+    g_graph = argc > 1 && std::string(argv[1]) == "--graph";
     cudaDeviceProp p;
     CHECK(cudaGetDeviceProperties(&p, 0));
-    printf("GPU: %s, %d SMs\n\n", p.name, p.multiProcessorCount);
+    printf("GPU: %s, %d SMs; %s\n\n", p.name, p.multiProcessorCount,
+           g_graph ? "200 launches captured in a graph, replayed (GPU time per launch)"
+                   : "200 eager launches back to back (as quantshadow bench times the check)");
     Args g{};
     const u64 maxk = 14336, maxn = 14336;
     unsigned char *a, *d;
@@ -189,10 +229,10 @@ int main() {
     g.a = a;
     g.d = d;
     printf("| case | us per launch |\n| --- | --- |\n");
-    printf("| empty, 1 block | %.2f |\n", per_launch_us([&] { k_empty_small<<<1, 32>>>(); }));
-    printf("| empty, 64 blocks x 256 | %.2f |\n", per_launch_us([&] { k_empty64<<<64, 256>>>(); }));
+    printf("| empty, 1 block | %.2f |\n", per_launch_us([&](cudaStream_t s) { k_empty_small<<<1, 32, 0, s>>>(); }));
+    printf("| empty, 64 blocks x 256 | %.2f |\n", per_launch_us([&](cudaStream_t s) { k_empty64<<<64, 256, 0, s>>>(); }));
     printf("| empty, 8 clusters of 8, 40 KiB shared | %.2f |\n",
-           per_launch_us([&] { k_empty_cluster<<<dim3(8, 8), 256>>>(); }));
+           per_launch_us([&](cudaStream_t s) { k_empty_cluster<<<dim3(8, 8), 256, 0, s>>>(); }));
     printf("\n| A | N x K | bytes read (KiB) | read | read+publish | cluster read+publish |\n| --- | --- | --- | --- | --- | --- |\n");
     struct Shape { const char* a; u64 ab, n, k; };
     for (Shape s : {Shape{"bf16", 2, 4096, 4096}, Shape{"e4m3", 1, 4096, 4096}, Shape{"bf16", 2, 14336, 4096},
@@ -200,9 +240,9 @@ int main() {
         g.a_bytes = s.ab;
         g.n = s.n;
         g.k = s.k;
-        const float r = per_launch_us([&] { k_read<false><<<ROWS / 2, 256>>>(g); });
-        const float rp = per_launch_us([&] { k_read<true><<<ROWS / 2, 256>>>(g); });
-        const float cp = per_launch_us([&] { k_cluster_read<<<dim3(ROWS / 32, 8), 256>>>(g); });
+        const float r = per_launch_us([&](cudaStream_t s) { k_read<false><<<ROWS / 2, 256, 0, s>>>(g); });
+        const float rp = per_launch_us([&](cudaStream_t s) { k_read<true><<<ROWS / 2, 256, 0, s>>>(g); });
+        const float cp = per_launch_us([&](cudaStream_t s) { k_cluster_read<<<dim3(ROWS / 32, 8), 256, 0, s>>>(g); });
         printf("| %s | %llux%llu | %llu | %.2f | %.2f | %.2f |\n", s.a, s.n, s.k, ROWS * (s.k * s.ab + s.n * 2) / 1024, r,
                rp, cp);
     }
