@@ -824,13 +824,10 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
         }
         const bool use = rg.active && (shared_wr || rg.item == rp.item);
         const float* wr = (const float*)P.wr_ptr + rp.item * P.wr_batch_stride;
-        // Software pipeline: the next chunk's W_R rows and A elements are loaded before this
-        // chunk's tensor-core work, so each chunk costs about one overlapped round trip instead
-        // of one of its own (a decode graph's end runs 48 one-row checks with 5 splits each: a
-        // K = 14336 slice is 12 chunks per warp). Loads only: the sums are added as before.
-        auto load_w = [&](qs_u64 kc, float (&wv)[8][PPT]) {
+        for (qs_u64 kc = k0 + (qs_u64)warp * CHUNK; kc < k1; kc += (qs_u64)QS_WARPS_PER_BLOCK * CHUNK) {
             const qs_u64 kt = kc + 8u * tq;
             const bool whole = kt + 8 <= k1;  // one compare for the usual whole chunk
+            float wv[8][PPT];
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const qs_u64 k = kt + e;
@@ -853,36 +850,21 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
                     }
                 }
             }
-        };
-        auto load_a = [&](qs_u64 kc, float (&av)[8]) {
-            const qs_u64 kt = kc + 8u * tq;
+            float av[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) av[e] = 0.0f;
-            if (use && kt < k1) qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av);
-        };
-        const qs_u64 step = (qs_u64)QS_WARPS_PER_BLOCK * CHUNK;
-        float wv[8][PPT], av[8];
-        if (k0 + (qs_u64)warp * CHUNK < k1) {
-            load_w(k0 + (qs_u64)warp * CHUNK, wv);
-            load_a(k0 + (qs_u64)warp * CHUNK, av);
-        }
-        for (qs_u64 kc = k0 + (qs_u64)warp * CHUNK; kc < k1; kc += step) {
-            const qs_u64 kt = kc + 8u * tq;
-            const bool more = kc + step < k1;
-            float wn[8][PPT], an[8];
-            if (more) {
-                load_w(kc + step, wn);
-                load_a(kc + step, an);
-            }
-            if (use && kt < k1 && sc.present) {
-                if (scale_per8) {
-                    const float s = qs_a_scale(sc, rg.item, ob, kt, cache, st);
+            if (use && kt < k1) {
+                qs_a_load8<QS_A_FMT>(abase, a_first, os.cs, kt, k1, g.a.extent, st, av);
+                if (sc.present) {
+                    if (scale_per8) {
+                        const float s = qs_a_scale(sc, rg.item, ob, kt, cache, st);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) av[e] *= s;
-                } else {
+                        for (int e = 0; e < 8; ++e) av[e] *= s;
+                    } else {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e)
-                        if (kt + e < k1) av[e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
+                        for (int e = 0; e < 8; ++e)
+                            if (kt + e < k1) av[e] *= qs_a_scale(sc, rg.item, ob, kt + e, cache, st);
+                    }
                 }
             }
 #pragma unroll
@@ -909,14 +891,6 @@ QS_DEVICE void qs_mma_a(const QsSketchParams& P, QsSketchSmem& sm, double* blk, 
                     qs_mma_tf32(acc[T], h0, h1, h2, h3, b0h, b1h);
                     qs_mma_tf32(acc[T], l0, l1, l2, l3, b0h, b1h);
                     if (split_a) qs_mma_tf32(acc[T], h0, h1, h2, h3, b0l, b1l);
-                }
-            }
-            if (more) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    av[e] = an[e];
-#pragma unroll
-                    for (int h = 0; h < PPT; ++h) wv[e][h] = wn[e][h];
                 }
             }
         }
