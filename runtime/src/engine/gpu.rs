@@ -653,6 +653,21 @@ impl GpuBackend {
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !sites.contains_key(&req.site_id) {
             if capturing {
+                // Which call: a GEMM whose B is an activation has a new site in every capture.
+                if super::log::enabled(super::config::LogLevel::Debug) {
+                    let p = &req.call.problem;
+                    super::log::debug(&format!(
+                        "graph capture: site {} ({}, {}x{}x{} {}/{}, batch {}) not set up before the capture",
+                        req.site_ordinal,
+                        req.call.entry,
+                        p.m,
+                        p.n,
+                        p.k,
+                        p.a.format.name(),
+                        p.b.format.name(),
+                        p.batch
+                    ));
+                }
                 return Err(Skip::new("graph capture: site not set up before the capture"));
             }
             // The row epoch (u64).
