@@ -95,8 +95,12 @@ impl ResultRing {
             capacity,
             ..Default::default()
         };
-        // SAFETY: the mapping holds at least HEADER_BYTES; QsRingHeader is plain data.
-        unsafe { std::ptr::write_unaligned(mapped.host as *mut QsRingHeader, header) };
+        // SAFETY: the mapping holds HEADER_BYTES + capacity slots; QsRingHeader is plain data.
+        // The slots start zeroed (pinned memory may be recycled): `ready` 0 is "not written".
+        unsafe {
+            std::ptr::write_bytes(mapped.host.add(HEADER_BYTES), 0, capacity as usize * SLOT_BYTES);
+            std::ptr::write_unaligned(mapped.host as *mut QsRingHeader, header);
+        }
         let ctl_bytes = std::mem::size_of::<QsRingCtl>();
         let ctl = DeviceBuffer {
             ptr: runtime.malloc(ctl_bytes)?,
@@ -126,12 +130,22 @@ impl ResultRing {
             let slot_ptr = unsafe { self.mapped.host.add(HEADER_BYTES + index * SLOT_BYTES) };
             // SAFETY: `ready` is the first u64 of the slot (abi pins the layout).
             let ready = unsafe { std::ptr::read_volatile(slot_ptr as *const u64) };
-            if ready != self.consumed + 1 {
-                return None;
+            if ready < self.consumed + 1 {
+                return None; // not written yet (a previous lap's, or zero)
             }
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             // SAFETY: the slot lies inside the mapping and is plain data.
             let slot = unsafe { std::ptr::read_volatile(slot_ptr as *const QsResultSlot) };
+            if ready > self.consumed + 1 {
+                if !lapped(&slot, self.consumed, self.capacity) {
+                    return None;
+                }
+                // A later lap's result took this slot: this ticket's is lost (the device's
+                // claim keeps a margin so that this cannot happen; counted, never a stall).
+                self.torn += 1;
+                self.publish_consumed();
+                continue;
+            }
             match take_whole_slot(&slot, &mut self.incomplete_since, Instant::now()) {
                 SlotRead::Whole => {
                     self.publish_consumed();
@@ -174,6 +188,16 @@ enum SlotRead {
     NotYet,
     /// Incomplete for longer than [`INCOMPLETE_SLOT_TIMEOUT`]: skip it (counted as dropped).
     GiveUp,
+}
+
+/// Whether the slot of ticket `consumed` holds, whole, the result of a later ticket of the same
+/// slot (`ticket` = `consumed` + laps * `capacity`): the result of `consumed` was overwritten.
+fn lapped(slot: &QsResultSlot, consumed: u64, capacity: u32) -> bool {
+    let cap = capacity.max(1) as u64;
+    slot.ready == slot.ticket.wrapping_add(1)
+        && slot.ticket > consumed
+        && slot.ticket % cap == consumed % cap
+        && slot.check == slot.expected_check()
 }
 
 fn take_whole_slot(slot: &QsResultSlot, incomplete_since: &mut Option<Instant>, now: Instant) -> SlotRead {
@@ -1217,6 +1241,37 @@ mod tests {
         assert_eq!(take_whole_slot(&stale, &mut since, t0), SlotRead::NotYet);
         assert_eq!(take_whole_slot(&stale, &mut since, t0 + INCOMPLETE_SLOT_TIMEOUT), SlotRead::GiveUp);
         assert_eq!(since, None);
+    }
+
+    #[test]
+    fn a_slot_taken_by_a_later_lap_is_counted_lost_never_waited_for() {
+        let runtime: Arc<dyn GpuRuntime> = Arc::new(crate::device::fake::FakeRuntime::default());
+        let mut ring = ResultRing::new(runtime, 4).unwrap();
+        let write = |ring: &ResultRing, ticket: u64, whole: bool| {
+            let mut slot = QsResultSlot { ready: ticket + 1, ticket, tag: 100 + ticket, ..Default::default() };
+            slot.check = slot.expected_check() ^ u64::from(!whole);
+            let at = HEADER_BYTES + (ticket % 4) as usize * SLOT_BYTES;
+            // SAFETY: inside the ring's mapping (fake runtime: host memory); plain data.
+            unsafe { std::ptr::write_volatile(ring.mapped.host.add(at) as *mut QsResultSlot, slot) };
+        };
+        write(&ring, 0, true);
+        // Ticket 5 lands in slot 1 before ticket 1 was written or read.
+        write(&ring, 5, true);
+        write(&ring, 2, true);
+        assert_eq!(ring.poll().map(|s| s.tag), Some(100));
+        assert_eq!(ring.poll().map(|s| s.tag), Some(102), "ticket 1 lost, passed over");
+        assert_eq!(ring.dropped(), 1);
+        assert_eq!(ring.poll(), None, "ticket 3 not written yet");
+        write(&ring, 3, true);
+        write(&ring, 4, true);
+        let tags: Vec<u64> = std::iter::from_fn(|| ring.poll()).map(|s| s.tag).collect();
+        assert_eq!(tags, [103, 104, 105], "the later lap's result is read in its turn");
+        // A later ticket that is not whole yet, or garbage in the ready word, is waited for.
+        write(&ring, 10, false);
+        assert_eq!(ring.poll(), None);
+        assert_eq!(ring.dropped(), 1);
+        let garbage = QsResultSlot { ready: 99, ticket: 3, ..Default::default() };
+        assert!(!lapped(&garbage, 6, 4));
     }
 
     #[test]
