@@ -1248,7 +1248,8 @@ mod tests {
         let runtime: Arc<dyn GpuRuntime> = Arc::new(crate::device::fake::FakeRuntime::default());
         let mut ring = ResultRing::new(runtime, 4).unwrap();
         let write = |ring: &ResultRing, ticket: u64, whole: bool| {
-            let mut slot = QsResultSlot { ready: ticket + 1, ticket, tag: 100 + ticket, ..Default::default() };
+            let mut slot =
+                QsResultSlot { ready: ticket + 1, ticket, tag: 100 + ticket, ..Default::default() };
             slot.check = slot.expected_check() ^ u64::from(!whole);
             let at = HEADER_BYTES + (ticket % 4) as usize * SLOT_BYTES;
             // SAFETY: inside the ring's mapping (fake runtime: host memory); plain data.
