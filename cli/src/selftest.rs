@@ -332,6 +332,10 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
                     .unwrap_or_else(|e| error_outcome("ring", format!("full ring of {capacity}"), e)),
             );
         }
+        out.push(
+            gpu_ring_concurrent(checker)
+                .unwrap_or_else(|e| error_outcome("ring", "claims from 8 streams", e)),
+        );
     }
     out
 }
@@ -421,6 +425,89 @@ fn gpu_ring_full(checker: &GpuChecker, capacity: u32, launches: u64) -> Result<O
             show(&second),
             show(&want_first),
             want_second
+        ),
+    ))
+}
+
+/// Claims from several streams at once on a ring of the shim's size (4096 slots: the one-add
+/// claim of `qs_ring_claim`): 8 streams, 32 compares each, launched without waiting. Every
+/// launch's result must arrive exactly once, whole and right, and none be dropped.
+fn gpu_ring_concurrent(checker: &GpuChecker) -> Result<Outcome, String> {
+    const STREAMS: u64 = 8;
+    const ROUNDS: u64 = 32;
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    let (m, n) = (57u64, 300u64);
+    let problem = scheme_problem("bf16", m, n, 64);
+    let mut rng = quantshadow_runtime::rng::SplitMix64::new(7);
+    let reference: Vec<f64> = (0..m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let mut d = vec![0u8; problem.d.format.bytes_for((m * n) as usize)];
+    for (e, v) in reference.iter().enumerate() {
+        problem.d.format.store_code(&mut d, e, problem.d.format.encode(0.99 * v));
+    }
+    let prod = decode_output(&problem, &d).map_err(|e| es(&e))?.values;
+    let ref_host: Vec<f64> = reference.iter().map(|v| *v as f32 as f64).collect();
+    let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
+    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
+    let ref_f32: Vec<u8> = reference.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
+    let ref_buf = checker.upload(&ref_f32).map_err(|e| es(&e))?;
+    let request = |tag: u64| CompareRequest {
+        d: QsMatrixDesc::new(&problem.d, d_buf.ptr, Transpose::N, m, n, 1),
+        m,
+        n,
+        rows: QsRowSel::all(m),
+        reference: ref_buf.ptr,
+        ref_ld: n,
+        logits_topk: None,
+        kind: abi::CHECK_FULL,
+        tag: (tag, 0),
+    };
+    let streams: Vec<Stream> = (0..STREAMS)
+        .map(|_| checker.runtime().create_side_stream())
+        .collect::<Result<_, _>>()
+        .map_err(|e| es(&e))?;
+    // One scratch per stream: a stream's compares run one after another, the streams' side by side.
+    let scratch: Vec<_> = (0..STREAMS)
+        .map(|_| checker.compare_scratch(m, n, false))
+        .collect::<Result<_, _>>()
+        .map_err(|e| es(&e))?;
+    let before = checker.replace_ring(4096).map_err(|e| es(&e))?;
+    type Run = (Vec<u64>, u64, bool);
+    let result = (|| -> Result<Run, String> {
+        for round in 0..ROUNDS {
+            for (s, stream) in streams.iter().enumerate() {
+                let tag = 1 + round * STREAMS + s as u64;
+                let launch = checker.prepare_compare(&request(tag), &scratch[s]).map_err(|e| es(&e))?;
+                checker.launch_prepared(&launch, *stream).map_err(|e| es(&e))?;
+            }
+        }
+        for stream in &streams {
+            checker.runtime().synchronize(*stream).map_err(|e| es(&e))?;
+        }
+        let mut whole = true;
+        let tags = checker.with_ring(|ring| {
+            let mut tags = vec![];
+            while let Some(slot) = ring.poll() {
+                whole &= metrics_agree("ring", "slot", &sketch::slot_metrics(&slot), &host).pass;
+                tags.push(slot.tag);
+            }
+            (tags, ring.dropped())
+        });
+        Ok((tags.0, tags.1, whole))
+    })();
+    drop(checker.replace_ring_with(before));
+    let (mut tags, dropped, whole) = result?;
+    let received = tags.len();
+    tags.sort_unstable();
+    tags.dedup();
+    let want = STREAMS * ROUNDS;
+    let pass = received as u64 == want && tags == (1..=want).collect::<Vec<_>>() && dropped == 0 && whole;
+    Ok(outcome(
+        "ring",
+        format!("claims from {STREAMS} streams at once, {want} compares, 4096 slots"),
+        pass,
+        format!(
+            "{received} results, {} distinct tags of 1..={want}, {dropped} dropped, every slot whole and right: {whole}",
+            tags.len()
         ),
     ))
 }

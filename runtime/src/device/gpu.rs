@@ -143,6 +143,7 @@ impl ResultRing {
                 // A later lap's result took this slot: this ticket's is lost (the device's
                 // claim keeps a margin so that this cannot happen; counted, never a stall).
                 self.torn += 1;
+                self.incomplete_since = None;
                 self.publish_consumed();
                 continue;
             }
