@@ -345,8 +345,8 @@ QS_DEVICE bool qs_gate_take(qs_u64 gate_ptr, qs_u32 first, qs_u32 every) {
 // margin bounds the tickets others can take between this claim's test and its add (a few
 // microseconds): each launch claims once, at most 128 grids are resident on current CUDA
 // devices, and launches cannot turn over 1024 times in that window. Should it ever be
-// exceeded, the host poller counts the overwritten result as lost instead of waiting for it
-// (gpu.rs `lapped`). Near full (or a ring too small for the margin), the compare-and-swap loop,
+// exceeded, the host poller counts an overwritten result as lost where it can tell (gpu.rs
+// `lapped`; not when the older result lands last). Near full (or a ring too small for the margin), the compare-and-swap loop,
 // which never takes a ticket the host has not freed. The host's `consumed` is read across the
 // bus (microseconds) only where the device's copy of it says the ring is near full.
 #define QS_RING_CLAIM_MARGIN 1024

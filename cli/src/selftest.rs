@@ -494,6 +494,10 @@ fn gpu_ring_concurrent(checker: &GpuChecker) -> Result<Outcome, String> {
         });
         Ok((tags.0, tags.1, whole))
     })();
+    // Nothing may still write the temporary ring or the scratch when they go (error paths).
+    for stream in &streams {
+        let _ = checker.runtime().synchronize(*stream);
+    }
     drop(checker.replace_ring_with(before));
     let (mut tags, dropped, whole) = result?;
     let received = tags.len();

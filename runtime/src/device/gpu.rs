@@ -136,18 +136,19 @@ impl ResultRing {
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             // SAFETY: the slot lies inside the mapping and is plain data.
             let slot = unsafe { std::ptr::read_volatile(slot_ptr as *const QsResultSlot) };
-            if ready > self.consumed + 1 {
-                if !lapped(&slot, self.consumed, self.capacity) {
-                    return None;
-                }
-                // A later lap's result took this slot: this ticket's is lost (the device's
-                // claim keeps a margin so that this cannot happen; counted, never a stall).
-                self.torn += 1;
-                self.incomplete_since = None;
-                self.publish_consumed();
-                continue;
-            }
-            match take_whole_slot(&slot, &mut self.incomplete_since, Instant::now()) {
+            // Whose result this is, from the slot as read (its first word may have changed).
+            let now = Instant::now();
+            let read = if slot.ready == self.consumed + 1 && slot.ticket == self.consumed {
+                take_whole_slot(&slot, &mut self.incomplete_since, now)
+            } else if lapped(&slot, self.consumed, self.capacity) {
+                // A later lap's result took the slot: this ticket's was overwritten.
+                SlotRead::GiveUp
+            } else {
+                // Words of two writers, or a later lap still arriving: waited for like a
+                // slot that is not whole yet, then given up.
+                incomplete_wait(&mut self.incomplete_since, now)
+            };
+            match read {
                 SlotRead::Whole => {
                     self.publish_consumed();
                     return Some(slot);
@@ -155,6 +156,7 @@ impl ResultRing {
                 SlotRead::NotYet => return None,
                 SlotRead::GiveUp => {
                     self.torn += 1;
+                    self.incomplete_since = None;
                     self.publish_consumed();
                 }
             }
@@ -193,6 +195,9 @@ enum SlotRead {
 
 /// Whether the slot of ticket `consumed` holds, whole, the result of a later ticket of the same
 /// slot (`ticket` = `consumed` + laps * `capacity`): the result of `consumed` was overwritten.
+/// Only a device claim past its margin (qs_ring_claim) can do that. The poller then counts the
+/// lost result and goes on; what it cannot tell from "not written yet" is the reverse order
+/// (the older result landing over the newer one), which would still stop it at the newer ticket.
 fn lapped(slot: &QsResultSlot, consumed: u64, capacity: u32) -> bool {
     let cap = capacity.max(1) as u64;
     slot.ready == slot.ticket.wrapping_add(1)
@@ -206,6 +211,12 @@ fn take_whole_slot(slot: &QsResultSlot, incomplete_since: &mut Option<Instant>, 
         *incomplete_since = None;
         return SlotRead::Whole;
     }
+    incomplete_wait(incomplete_since, now)
+}
+
+/// A slot that is ready but not (yet) whole: read again until [`INCOMPLETE_SLOT_TIMEOUT`] has
+/// passed since it was first seen so, then given up.
+fn incomplete_wait(incomplete_since: &mut Option<Instant>, now: Instant) -> SlotRead {
     let since = *incomplete_since.get_or_insert(now);
     if now.duration_since(since) < INCOMPLETE_SLOT_TIMEOUT {
         return SlotRead::NotYet;
@@ -1272,6 +1283,16 @@ mod tests {
         write(&ring, 10, false);
         assert_eq!(ring.poll(), None);
         assert_eq!(ring.dropped(), 1);
+        // Words of two writers (this ticket's ready word, a later one's ticket): not this
+        // ticket's result, whatever the hash says.
+        let mut mixed = QsResultSlot { ready: 7, ticket: 10, tag: 7, ..Default::default() };
+        mixed.check = mixed.expected_check();
+        // SAFETY: slot 2 of the ring's mapping (fake runtime: host memory); plain data.
+        unsafe {
+            let at = ring.mapped.host.add(HEADER_BYTES + 2 * SLOT_BYTES);
+            std::ptr::write_volatile(at as *mut QsResultSlot, mixed);
+        }
+        assert_eq!(ring.poll(), None);
         let garbage = QsResultSlot { ready: 99, ticket: 3, ..Default::default() };
         assert!(!lapped(&garbage, 6, 4));
     }
