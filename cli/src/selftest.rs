@@ -340,39 +340,66 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
     out
 }
 
+/// A compare the ring tests launch again and again: a 57 x 300 bf16 D (the reference times
+/// `gain`, so the metrics are not trivial) against its f32 reference, and the host's metrics of
+/// that pair, which every slot must report.
+struct RingProbe {
+    problem: GemmProblem,
+    m: u64,
+    n: u64,
+    d: DeviceBuffer,
+    reference: DeviceBuffer,
+    host: Metrics,
+}
+
+impl RingProbe {
+    fn new(checker: &GpuChecker, gain: f64) -> Result<RingProbe, String> {
+        let (m, n) = (57u64, 300u64);
+        let problem = scheme_problem("bf16", m, n, 64);
+        let mut rng = quantshadow_runtime::rng::SplitMix64::new(99);
+        let reference: Vec<f64> = (0..m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let mut d = vec![0u8; problem.d.format.bytes_for((m * n) as usize)];
+        for (e, v) in reference.iter().enumerate() {
+            problem.d.format.store_code(&mut d, e, problem.d.format.encode(gain * v));
+        }
+        let prod = decode_output(&problem, &d).map_err(|e| e.to_string())?.values;
+        let ref_host: Vec<f64> = reference.iter().map(|v| *v as f32 as f64).collect();
+        let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
+        let d = checker.upload(&d).map_err(|e| e.to_string())?;
+        let ref_f32: Vec<u8> = reference.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
+        let reference = checker.upload(&ref_f32).map_err(|e| e.to_string())?;
+        Ok(RingProbe { problem, m, n, d, reference, host })
+    }
+
+    fn request(&self, tag: u64) -> CompareRequest {
+        let (m, n) = (self.m, self.n);
+        CompareRequest {
+            d: QsMatrixDesc::new(&self.problem.d, self.d.ptr, Transpose::N, m, n, 1),
+            m,
+            n,
+            rows: QsRowSel::all(m),
+            reference: self.reference.ptr,
+            ref_ld: n,
+            logits_topk: None,
+            kind: abi::CHECK_FULL,
+            tag: (tag, 0),
+        }
+    }
+
+    /// Whether a slot is whole and reports the host's metrics.
+    fn right(&self, slot: &abi::QsResultSlot) -> bool {
+        metrics_agree("ring", "slot", &sketch::slot_metrics(slot), &self.host).pass
+    }
+}
+
 /// The result ring's protocol on the device: a full ring drops (and counts) results instead
 /// of overwriting unread ones, and once the host has read them the device learns so and writes
 /// again (its copy of `consumed` is refreshed across the bus only when it says "full"). Every
 /// slot taken must be whole: the tag the launch gave and the metrics of the data.
 fn gpu_ring_full(checker: &GpuChecker, capacity: u32, launches: u64) -> Result<Outcome, String> {
-    let (m, n) = (57u64, 300u64);
-    let problem = scheme_problem("bf16", m, n, 64);
-    let mut rng = quantshadow_runtime::rng::SplitMix64::new(99);
-    let reference: Vec<f64> = (0..m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    let mut d = vec![0u8; problem.d.format.bytes_for((m * n) as usize)];
-    for (e, v) in reference.iter().enumerate() {
-        problem.d.format.store_code(&mut d, e, problem.d.format.encode(1.01 * v));
-    }
-    let prod = decode_output(&problem, &d).map_err(|e| e.to_string())?.values;
-    let ref_host: Vec<f64> = reference.iter().map(|v| *v as f32 as f64).collect();
-    let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
-    let d_buf = checker.upload(&d).map_err(|e| e.to_string())?;
-    let ref_f32: Vec<u8> = reference.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
-    let ref_buf = checker.upload(&ref_f32).map_err(|e| e.to_string())?;
-    let launch = |tag: u64| {
-        let request = CompareRequest {
-            d: QsMatrixDesc::new(&problem.d, d_buf.ptr, Transpose::N, m, n, 1),
-            m,
-            n,
-            rows: QsRowSel::all(m),
-            reference: ref_buf.ptr,
-            ref_ld: n,
-            logits_topk: None,
-            kind: abi::CHECK_FULL,
-            tag: (tag, 0),
-        };
-        checker.compare(&request, Stream::default()).map_err(|e| e.to_string())
-    };
+    let probe = RingProbe::new(checker, 1.01)?;
+    let launch =
+        |tag: u64| checker.compare(&probe.request(tag), Stream::default()).map_err(|e| e.to_string());
     let small = checker.replace_ring(capacity).map_err(|e| e.to_string())?;
     /// Tags taken while full, drops then, tags taken after, drops after, every slot right.
     type RingRun = (Vec<u64>, u64, Vec<u64>, u64, bool);
@@ -384,8 +411,7 @@ fn gpu_ring_full(checker: &GpuChecker, capacity: u32, launches: u64) -> Result<O
         let mut take = |ring: &mut quantshadow_runtime::device::gpu::ResultRing| {
             let mut tags = vec![];
             while let Some(slot) = ring.poll() {
-                let device = sketch::slot_metrics(&slot);
-                whole &= metrics_agree("ring", "slot", &device, &host).pass;
+                whole &= probe.right(&slot);
                 tags.push(slot.tag);
             }
             (tags, ring.dropped())
@@ -436,38 +462,14 @@ fn gpu_ring_concurrent(checker: &GpuChecker) -> Result<Outcome, String> {
     const STREAMS: u64 = 8;
     const ROUNDS: u64 = 32;
     let es = |e: &dyn std::fmt::Display| e.to_string();
-    let (m, n) = (57u64, 300u64);
-    let problem = scheme_problem("bf16", m, n, 64);
-    let mut rng = quantshadow_runtime::rng::SplitMix64::new(7);
-    let reference: Vec<f64> = (0..m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    let mut d = vec![0u8; problem.d.format.bytes_for((m * n) as usize)];
-    for (e, v) in reference.iter().enumerate() {
-        problem.d.format.store_code(&mut d, e, problem.d.format.encode(0.99 * v));
-    }
-    let prod = decode_output(&problem, &d).map_err(|e| es(&e))?.values;
-    let ref_host: Vec<f64> = reference.iter().map(|v| *v as f32 as f64).collect();
-    let host = compare_matrix(&prod, &ref_host, m as usize, n as usize);
-    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
-    let ref_f32: Vec<u8> = reference.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
-    let ref_buf = checker.upload(&ref_f32).map_err(|e| es(&e))?;
-    let request = |tag: u64| CompareRequest {
-        d: QsMatrixDesc::new(&problem.d, d_buf.ptr, Transpose::N, m, n, 1),
-        m,
-        n,
-        rows: QsRowSel::all(m),
-        reference: ref_buf.ptr,
-        ref_ld: n,
-        logits_topk: None,
-        kind: abi::CHECK_FULL,
-        tag: (tag, 0),
-    };
+    let probe = RingProbe::new(checker, 0.99)?;
     let streams: Vec<Stream> = (0..STREAMS)
         .map(|_| checker.runtime().create_side_stream())
         .collect::<Result<_, _>>()
         .map_err(|e| es(&e))?;
     // One scratch per stream: a stream's compares run one after another, the streams' side by side.
     let scratch: Vec<_> = (0..STREAMS)
-        .map(|_| checker.compare_scratch(m, n, false))
+        .map(|_| checker.compare_scratch(probe.m, probe.n, false))
         .collect::<Result<_, _>>()
         .map_err(|e| es(&e))?;
     let before = checker.replace_ring(4096).map_err(|e| es(&e))?;
@@ -476,7 +478,7 @@ fn gpu_ring_concurrent(checker: &GpuChecker) -> Result<Outcome, String> {
         for round in 0..ROUNDS {
             for (s, stream) in streams.iter().enumerate() {
                 let tag = 1 + round * STREAMS + s as u64;
-                let launch = checker.prepare_compare(&request(tag), &scratch[s]).map_err(|e| es(&e))?;
+                let launch = checker.prepare_compare(&probe.request(tag), &scratch[s]).map_err(|e| es(&e))?;
                 checker.launch_prepared(&launch, *stream).map_err(|e| es(&e))?;
             }
         }
@@ -487,7 +489,7 @@ fn gpu_ring_concurrent(checker: &GpuChecker) -> Result<Outcome, String> {
         let tags = checker.with_ring(|ring| {
             let mut tags = vec![];
             while let Some(slot) = ring.poll() {
-                whole &= metrics_agree("ring", "slot", &sketch::slot_metrics(&slot), &host).pass;
+                whole &= probe.right(&slot);
                 tags.push(slot.tag);
             }
             (tags, ring.dropped())
