@@ -586,8 +586,8 @@ impl GpuChecker {
         d: Format,
         kp: u32,
     ) -> Result<SketchEntries, DeviceError> {
-        if let Some(e) = self.sketch_entries.lock().unwrap_or_else(|e| e.into_inner()).get(&(a, b, d, kp)) {
-            return Ok(*e);
+        if let Some(e) = self.cached_sketch_entries((a, b, d, kp)) {
+            return Ok(e);
         }
         let program = self.program(&KernelBuild::sketch_kp(a, b, d, kp).map_err(abi_err)?)?;
         self.remember_sketch_entries((a, b, d, kp), &program)
@@ -596,11 +596,15 @@ impl GpuChecker {
     /// [`Self::sketch_entries`] where the program is loaded already; None otherwise (never
     /// compiles: the caller decides how a program gets loaded).
     pub fn loaded_sketch_entries(&self, a: Format, b: Format, d: Format, kp: u32) -> Option<SketchEntries> {
-        if let Some(e) = self.sketch_entries.lock().unwrap_or_else(|e| e.into_inner()).get(&(a, b, d, kp)) {
-            return Some(*e);
+        if let Some(e) = self.cached_sketch_entries((a, b, d, kp)) {
+            return Some(e);
         }
         let program = self.registry.loaded(&KernelBuild::sketch_kp(a, b, d, kp).ok()?)?;
         self.remember_sketch_entries((a, b, d, kp), &program).ok()
+    }
+
+    fn cached_sketch_entries(&self, key: SketchProgramKey) -> Option<SketchEntries> {
+        self.sketch_entries.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied()
     }
 
     fn remember_sketch_entries(
