@@ -6,14 +6,16 @@
 // ping-ponging between two buffers), captured into a CUDA graph with, after each GEMV:
 //   none; an empty kernel; the snapshot copy as the shim's lean copy is shaped (a 672-byte
 //   parameter block, an atomic launch count whose result the header waits for, grid (1, chunks)
-//   of 256 threads, one row of A and of D); the same without the count; the same without the
-//   count in one block; a copy with 16-byte parameters and no count; cudaMemcpyAsync nodes
+//   of 256 threads, one row of A and of D; without the shim's griddepcontrol.wait); the same
+//   without the count; the same without the count in one block; another copy kernel with
+//   32 bytes of parameters, one block and no count; cudaMemcpyAsync nodes
 //   (D row; A and D rows); the shim-shaped copy on a forked stream that the next GEMV waits for
 //   (the topology of the shim's joined copies: edges GEMV -> copy -> next and GEMV -> next).
 //   Removing the shortcut edge GEMV -> next from the captured graph afterwards was tried:
 //   cudaGraphRemoveDependencies answered "operation not supported" (driver 580, CUDA 13).
-// Events around 50 replays, median of 7 trials, two rounds. The last replay of each variant is
-// checked: the last GEMV's snapshot holds its D row.
+// Events around 50 replays, median of 7 trials, two rounds. In round 2 each copying variant
+// replays once more into cleared snapshots, and the last GEMV's snapshot must hold its D row
+// (a smoke test of the copies, not of their ordering).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -127,7 +129,8 @@ int main() {
     const float one = 1.0f, zero = 0.0f;
     enum { NONE, EMPTY, SHAPED, NO_COUNT, ONE_BLOCK, SMALL, MEMCPY_D, MEMCPY_AD, BRANCH, VARIANTS };
     const char* names[VARIANTS] = {"none", "empty kernel", "copy as the shim's (672 B params, count, grid (1, chunks))",
-                                   "the same without the count", "the same in one block", "copy, 16-byte params, one block",
+                                   "the same without the count", "the same without the count, in one block",
+                                   "another copy kernel, 32-byte params, one block, no count",
                                    "cudaMemcpyAsync of the D row", "cudaMemcpyAsync of the A and D rows",
                                    "shim's copy as a branch joined before the next GEMV (GEMV -> copy -> next, GEMV -> next)"};
     cudaStream_t side;
@@ -206,6 +209,8 @@ int main() {
             }
             std::sort(t.begin(), t.end());
             result[v][round] = t[3];
+            CHECK(cudaEventDestroy(e0));
+            CHECK(cudaEventDestroy(e1));
             if (round == 1 && v != NONE && v != EMPTY) {
                 // One more replay into cleared snapshots; then the last GEMV's D row against its snapshot.
                 CHECK(cudaMemsetAsync(snaps, 0, layers.size() * 64 * 1024, s));

@@ -119,7 +119,7 @@ def print_timeline(label, events):
     print("| --- | --- | --- | --- |")
     for e in events:
         print(f"| {e['ts'] - t0:.2f} | {e['ts'] + e['dur'] - t0:.2f} | {e.get('tid')} | {e['name'][:60]} |")
-    checks = [e for e in events if e["name"].startswith("qs_sketch_check")]
+    checks = [e for e in events if e["name"].startswith(("qs_sketch_check", "qs_sketch_lean"))]
     if checks:
         edges = sorted([(e["ts"], 1) for e in checks] + [(e["ts"] + e["dur"], -1) for e in checks])
         running = most = 0
