@@ -427,6 +427,22 @@ const EAGER_DETACH_MIN_ROWS: u64 = 64;
 const OWN_SCRATCH_MAX_ROWS: u64 = 64;
 /// Skip reason of a captured check deferred to a capture end that was never seen.
 const NEVER_ADDED: &str = "graph capture: check deferred to the capture's end never added (end not seen)";
+
+// A captured call whose device state would need allocations, memsets or a weight projection
+// first is skipped: a capture can do none of them. Each cause has its own reason, so that the
+// report says what to warm up before capturing.
+/// The site's first call is inside a capture: a weight seen only there, or a B operand that is
+/// an activation (a new temporary every capture; Llama's rotary outer product is one).
+const CAPTURE_NEW_SITE: &str =
+    "graph capture: site first seen inside a capture (its B operand, e.g. an activation, was never seen outside one)";
+/// The site's W_R is missing or was projected from another B.
+const CAPTURE_STALE_WEIGHT: &str =
+    "graph capture: the site's weight projection is missing or stale (B new or changed since its last call outside a capture)";
+/// The site was seen outside captures, but not with this number of sampled rows (batch size).
+const CAPTURE_NEW_ROW_COUNT: &str =
+    "graph capture: this row count of the site was never seen outside a capture (run that batch size once first)";
+/// In-place calls (D aliases C): no copy buffer of this size yet.
+const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
 
@@ -668,7 +684,7 @@ impl GpuBackend {
                         p.batch
                     ));
                 }
-                return Err(Skip::new("graph capture: site not set up before the capture"));
+                return Err(Skip::new(CAPTURE_NEW_SITE));
             }
             // The row epoch (u64).
             let epoch = self.checker.alloc_zeroed(8).map_err(|e| Skip::new(pool_reason(&e)))?;
@@ -755,7 +771,7 @@ impl GpuBackend {
         let mut projected_now = false;
         if changed.is_some() || site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
             if capturing {
-                return Err(Skip::new("graph capture: site not set up before the capture"));
+                return Err(Skip::new(CAPTURE_STALE_WEIGHT));
             }
             // A projection being replaced may still be read by earlier checks: it waits for them.
             let retiring = site.weight.is_some();
@@ -803,7 +819,7 @@ impl GpuBackend {
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_rows.contains_key(&key) {
             if capturing {
-                return Err(Skip::new("graph capture: site not set up before the capture"));
+                return Err(Skip::new(CAPTURE_NEW_ROW_COUNT));
             }
             let scratch = self
                 .checker
@@ -1208,7 +1224,7 @@ impl GpuBackend {
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.rows_state.contains_key(&key) {
             if capturing {
-                return Err(Skip::new("graph capture: site not set up before the capture"));
+                return Err(Skip::new(CAPTURE_NEW_ROW_COUNT));
             }
             let bytes = (sample.count as usize).saturating_mul(g.n as usize).saturating_mul(4);
             let reference = self
@@ -1572,7 +1588,7 @@ impl Backend for GpuBackend {
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.c_copies.contains_key(&key) {
             if capturing {
-                return Err(Skip::new("graph capture: site not set up before the capture"));
+                return Err(Skip::new(CAPTURE_NEW_C_COPY));
             }
             let buf = self
                 .checker
@@ -1819,6 +1835,54 @@ mod tests {
         assert!(backend.checker.sketch_entries(bf16, bf16, bf16, 32).is_err());
         assert_eq!(rt.compiles.load(Ordering::SeqCst) - before, 1);
         assert!(backend.checker.loaded_sketch_entries(bf16, bf16, bf16, 32).is_none());
+    }
+
+    #[test]
+    fn a_site_first_seen_inside_a_capture_is_skipped_with_its_own_reason() {
+        // Llama's rotary outer product has a new B (a temporary) in every capture: the report
+        // must say that, not a reason shared with a missing row count or weight projection.
+        let rt = Arc::new(FakeRuntime::default());
+        let settings = GpuSettings {
+            pool_bytes: 1 << 20,
+            ring_capacity: 16,
+            sync_compile: true,
+            sketch_detach: SketchDetach::Graphs,
+            graph_select: false,
+            side_stream: false,
+            kernels: Default::default(),
+        };
+        let backend = GpuBackend::new(rt, "fake", &settings).unwrap();
+        let call = crate::intercept::InterceptedGemm {
+            entry: "cublasSgemm_v2",
+            problem: crate::problem::GemmProblem::row_major(1, 32, 1, Format::F32, Format::F32, Format::F32),
+            buffers: crate::problem::GemmBuffers::default(),
+            stream: 7,
+            pointer_arrays: None,
+        };
+        let thresholds = crate::thresholds::Thresholds::default();
+        let req = CheckRequest {
+            call: &call,
+            mode: crate::record::CheckMode::Sketch,
+            site_ordinal: 60,
+            site_id: 1,
+            call_seq: 0,
+            site_epoch: 0,
+            sketch: super::super::backend::SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
+            rows_per_call: 64,
+            logits_topk: None,
+            device_gate: None,
+            diagnose: super::super::backend::Diagnose::No,
+            thresholds: &thresholds,
+        };
+        let mut sites = HashMap::new();
+        let skip = backend.site_state(&mut sites, &req, true).err().expect("a capture cannot set a site up");
+        assert_eq!(skip.0, CAPTURE_NEW_SITE);
+        assert!(sites.is_empty(), "nothing half set up is kept");
+        // The four capture reasons are distinct: the report counts skips by reason.
+        let reasons = [CAPTURE_NEW_SITE, CAPTURE_STALE_WEIGHT, CAPTURE_NEW_ROW_COUNT, CAPTURE_NEW_C_COPY];
+        let distinct: std::collections::HashSet<_> = reasons.iter().collect();
+        assert_eq!(distinct.len(), reasons.len());
+        assert!(reasons.iter().all(|r| r.starts_with("graph capture: ")));
     }
 
     #[test]
