@@ -56,6 +56,14 @@ fn same_nodes(a: &[GraphNode], b: &[GraphNode]) -> bool {
 }
 
 impl<W> PendingCopy<W> {
+    /// Whether the copy may be added from a call in capture `current` (None: not capturing).
+    /// Only within its own capture: another capture's graph may belong to another thread (graphs
+    /// are not thread-safe) or be freed already (a capture ended or invalidated unseen), and its
+    /// nodes then name nothing. Such a copy is dropped with its check, counted.
+    pub fn settles_in(&self, current: Option<u64>) -> bool {
+        current == Some(self.capture)
+    }
+
     /// `frontier`: the stream's capture dependencies now; `writes`: what the next GEMM writes
     /// (None: unknown).
     pub fn settle(&self, frontier: &[GraphNode], writes: Option<Span>) -> Settle {
@@ -144,6 +152,14 @@ mod tests {
         assert_eq!(p.settle(&nodes(&[10]), Some((0x9000, 0xa000))), Settle::Join);
         // Unknown output: never beside.
         assert_eq!(p.settle(&nodes(&[10, 11]), None), Settle::Join);
+    }
+
+    #[test]
+    fn a_copy_is_only_added_within_its_own_capture() {
+        let p = copy(1, &[10], &[]); // capture 7
+        assert!(p.settles_in(Some(7)));
+        assert!(!p.settles_in(Some(8)), "another capture: maybe another thread's graph");
+        assert!(!p.settles_in(None), "the stream no longer captures");
     }
 
     #[test]

@@ -427,6 +427,11 @@ const EAGER_DETACH_MIN_ROWS: u64 = 64;
 const OWN_SCRATCH_MAX_ROWS: u64 = 64;
 /// Skip reason of a captured check deferred to a capture end that was never seen.
 const NEVER_ADDED: &str = "graph capture: check deferred to the capture's end never added (end not seen)";
+/// Skip reason of a pending snapshot copy dropped with its check: its capture ended or was
+/// invalidated before the copy was settled, or it was pushed out by 64 newer ones of another
+/// capture (see `PendingCopy::settles_in`).
+const COPY_DROPPED: &str =
+    "graph capture: pending snapshot copy dropped with its check (its capture ended unseen, or too many pending)";
 
 // A captured call whose device state would need allocations, memsets or a weight projection
 // first is skipped: a capture can do none of them. Each cause has its own reason, so that the
@@ -1052,6 +1057,10 @@ impl GpuBackend {
                     let out = copies.push(pending);
                     drop(copies);
                     for old in earlier.into_iter().chain(out) {
+                        if !old.settles_in(Some(id)) {
+                            super::note_skip(COPY_DROPPED);
+                            continue;
+                        }
                         let into_stream = old.stream == stream.0;
                         self.add_copy(old, into_stream, true);
                     }
@@ -1418,8 +1427,9 @@ impl GpuBackend {
         let stream = Stream(req.call.stream);
         let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
         let Some(copy) = copies.take(stream.0) else { return };
-        if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
-            return; // Its capture ended unseen: its check goes with it.
+        if !copy.settles_in(self.runtime.capture_id(stream).ok().flatten()) {
+            super::note_skip(COPY_DROPPED); // its capture ended unseen: its check goes with it
+            return;
         }
         let writes = if req.call.pointer_arrays.is_some() {
             None
@@ -1445,7 +1455,8 @@ impl GpuBackend {
     fn settle_copy_after(&self, stream: Stream) {
         let copy = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0);
         let Some(copy) = copy else { return };
-        if !matches!(self.runtime.capture_id(stream), Ok(Some(id)) if id == copy.capture) {
+        if !copy.settles_in(self.runtime.capture_id(stream).ok().flatten()) {
+            super::note_skip(COPY_DROPPED);
             return;
         }
         let retro = !copy.beside;
@@ -1695,7 +1706,14 @@ impl Backend for GpuBackend {
 
     fn capture_ending(&self, stream: u64) {
         let stream = Stream(stream);
-        let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
+        let Ok(Some(id)) = self.runtime.capture_id(stream) else {
+            // An invalidated capture ends with nothing to add to: its copy pending on this
+            // stream goes, counted (its deferred checks are counted when pushed out).
+            if self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0).is_some() {
+                super::note_skip(COPY_DROPPED);
+            }
+            return;
+        };
         // Copies still pending go in front of everything captured after their GEMMs.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
         for copy in pending {
