@@ -13,7 +13,7 @@ use super::{
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nvrtc;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// Driver symbols this module calls: all must exist before any is called.
 const DRIVER_SYMBOLS: &[&str] = &[
@@ -35,6 +35,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
     "cuMemcpyHtoD_v2",
+    "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemsetD8Async",
@@ -121,7 +122,16 @@ pub struct CudaRuntime {
     /// it every launch is an ordinary one.
     early_launch: bool,
     nvrtc: OnceLock<Result<(), DeviceError>>,
+    /// cuCtxGetId (CUDA >= 12.0): host-to-device copies go through a stream of the shim's own
+    /// per context ([`CudaRuntime::copy_stream`]). Without it they take the legacy stream.
+    ctx_ids: bool,
+    /// The shim's copy stream of each context, by context id (ids are never reused, so a
+    /// destroyed context's stream is never looked up again); at most [`COPY_STREAMS_MAX`].
+    copy_streams: Mutex<Vec<(u64, u64)>>,
 }
+
+/// Contexts whose copy stream is kept; copies in more contexts take the legacy stream.
+const COPY_STREAMS_MAX: usize = 16;
 
 impl std::fmt::Debug for CudaRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -162,6 +172,40 @@ fn check_nvrtc(call: &'static str, status: nvrtc::nvrtcResult) -> Result<(), Dev
 }
 
 impl CudaRuntime {
+    /// The shim's non-blocking stream of the current context for its synchronous host-to-device
+    /// copies, created at the first copy in that context; None without cuCtxGetId, without a
+    /// current context, past [`COPY_STREAMS_MAX`] contexts or if the stream cannot be made (the
+    /// copy then takes the legacy stream, as before).
+    fn copy_stream(&self) -> Option<cu::CUstream> {
+        if !self.ctx_ids {
+            return None;
+        }
+        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        check("cuCtxGetCurrent", unsafe { cu::cuCtxGetCurrent(&mut ctx) }).ok()?;
+        if ctx.is_null() {
+            return None;
+        }
+        let mut id: std::ffi::c_ulonglong = 0;
+        // SAFETY: ctx_ids implies the symbol; ctx is the current context; out-pointer is a local.
+        check("cuCtxGetId", unsafe { cu::cuCtxGetId(ctx, &mut id) }).ok()?;
+        let mut streams = self.copy_streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, s)) = streams.iter().find(|(c, _)| *c == id as u64) {
+            return Some(s as cu::CUstream);
+        }
+        if streams.len() >= COPY_STREAMS_MAX {
+            return None;
+        }
+        let mut s: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local; priority 0 is the default, valid on every device.
+        check("cuStreamCreateWithPriority", unsafe {
+            cu::cuStreamCreateWithPriority(&mut s, CU_STREAM_NON_BLOCKING, 0)
+        })
+        .ok()?;
+        streams.push((id as u64, s as u64));
+        Some(s)
+    }
+
     /// Finds libcuda and checks every symbol this module uses. Makes no driver call, so it is
     /// safe in any process, with or without a GPU.
     pub fn load() -> Result<CudaRuntime, DeviceError> {
@@ -189,7 +233,16 @@ impl CudaRuntime {
             .iter()
             .all(|name| symbol_present(Lib::Driver, name));
         let early_launch = symbol_present(Lib::Driver, "cuLaunchKernelEx");
-        Ok(CudaRuntime { elapsed_v2, graph_branches, branch_joins, early_launch, nvrtc: OnceLock::new() })
+        let ctx_ids = symbol_present(Lib::Driver, "cuCtxGetId");
+        Ok(CudaRuntime {
+            elapsed_v2,
+            graph_branches,
+            branch_joins,
+            early_launch,
+            nvrtc: OnceLock::new(),
+            ctx_ids,
+            copy_streams: Mutex::new(Vec::new()),
+        })
     }
 
     /// (capture id, graph, the stream's current dependencies) of an active capture on `s`.
@@ -380,6 +433,20 @@ impl GpuRuntime for CudaRuntime {
     }
 
     fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        // The shim's own stream where it has one: a copy on the legacy stream waits for all work
+        // queued on it and on every blocking stream (a set-up would stall the host until the
+        // GPU drains a default-stream queue), and if one of those streams is being captured it
+        // joins, and so invalidates, that capture, even in relaxed mode.
+        if let Some(s) = self.copy_stream() {
+            // SAFETY: src is a valid slice that outlives the call: the stream is synchronised
+            // before returning (pageable memory is staged by the driver before it returns anyway);
+            // dst validity is the device's to check.
+            check("cuMemcpyHtoDAsync_v2", unsafe {
+                cu::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), s)
+            })?;
+            // SAFETY: a stream this runtime created in the current context.
+            return check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(s) });
+        }
         // SAFETY: src is a valid slice; dst validity is the device's to check (errors, not UB,
         // for a bad device address).
         check("cuMemcpyHtoD_v2", unsafe {
