@@ -334,6 +334,7 @@ impl Case {
                 device_gate: None,
                 diagnose: Diagnose::No,
                 thresholds: &thresholds,
+                rewrites_inputs: false,
             };
             backend.after_call(&req, Default::default()).unwrap();
             let mut out = Vec::new();

@@ -155,6 +155,7 @@ fn request(call: &InterceptedGemm, mode: CheckMode, epoch: u64) -> CheckRequest<
         device_gate: None,
         diagnose: Diagnose::No,
         thresholds: &DEFAULT_THRESHOLDS,
+        rewrites_inputs: false,
     }
 }
 

@@ -50,6 +50,9 @@ pub struct CheckRequest<'a> {
     pub diagnose: Diagnose,
     /// Thresholds a backend judges with when it diagnoses failing checks itself.
     pub thresholds: &'a Thresholds,
+    /// Fault injection rewrites this call's inputs (operands, scales) in place around it
+    /// (`QUANTSHADOW_INJECT`): writes beyond D that the call's own check cannot see.
+    pub rewrites_inputs: bool,
 }
 
 /// Diagnosis of a site (issue 6): the reference re-run under alternative readings of the

@@ -1431,15 +1431,8 @@ impl GpuBackend {
             super::note_skip(COPY_DROPPED); // its capture ended unseen: its check goes with it
             return;
         }
-        let writes = if req.call.pointer_arrays.is_some() {
-            None
-        } else {
-            let p = &req.call.problem;
-            let bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize) as u64;
-            Some((req.call.buffers.d, req.call.buffers.d.saturating_add(bytes)))
-        };
         match self.runtime.capture_frontier(stream) {
-            Ok(Some(frontier)) if copy.settle(&frontier, writes) == Settle::Beside => {
+            Ok(Some(frontier)) if copy.settle(&frontier, call_writes(req)) == Settle::Beside => {
                 copies.put_back(PendingCopy { beside: true, ..copy })
             }
             _ => {
@@ -1515,6 +1508,18 @@ impl GpuBackend {
     fn weights_rewritten(&self, site_id: u64) -> bool {
         self.inject.lock().unwrap_or_else(|e| e.into_inner()).rewrites_weights(site_id)
     }
+}
+
+/// The bytes a call writes, for a pending copy deciding whether it may run beside the call:
+/// D, or None (unknown: never beside) for pointer arrays, inputs that fault injection rewrites in
+/// place around the call, and an amax output.
+fn call_writes(req: &CheckRequest) -> Option<Span> {
+    if req.call.pointer_arrays.is_some() || req.rewrites_inputs || req.call.buffers.amax_d != 0 {
+        return None;
+    }
+    let p = &req.call.problem;
+    let bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize) as u64;
+    Some((req.call.buffers.d, req.call.buffers.d.saturating_add(bytes)))
 }
 
 /// Byte ranges a check's snapshot copy reads: A, A's scales, C, D, the row bias and the
@@ -1891,6 +1896,7 @@ mod tests {
             device_gate: None,
             diagnose: super::super::backend::Diagnose::No,
             thresholds: &thresholds,
+            rewrites_inputs: false,
         };
         let mut sites = HashMap::new();
         let skip = backend.site_state(&mut sites, &req, true).err().expect("a capture cannot set a site up");
@@ -1901,6 +1907,46 @@ mod tests {
         let distinct: std::collections::HashSet<_> = reasons.iter().collect();
         assert_eq!(distinct.len(), reasons.len());
         assert!(reasons.iter().all(|r| r.starts_with("graph capture: ")));
+    }
+
+    #[test]
+    fn a_copy_never_runs_beside_a_call_whose_writes_are_not_all_in_d() {
+        let mut call = crate::intercept::InterceptedGemm {
+            entry: "cublasLtMatmul",
+            problem: crate::problem::GemmProblem::row_major(
+                1,
+                4096,
+                4096,
+                Format::Bf16,
+                Format::Bf16,
+                Format::Bf16,
+            ),
+            buffers: crate::problem::GemmBuffers { d: 0x10000, ..Default::default() },
+            stream: 7,
+            pointer_arrays: None,
+        };
+        let thresholds = crate::thresholds::Thresholds::default();
+        let writes = |call: &crate::intercept::InterceptedGemm, rewrites_inputs| {
+            call_writes(&CheckRequest {
+                call,
+                mode: crate::record::CheckMode::Sketch,
+                site_ordinal: 0,
+                site_id: 1,
+                call_seq: 0,
+                site_epoch: 0,
+                sketch: super::super::backend::SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
+                rows_per_call: 64,
+                logits_topk: None,
+                device_gate: None,
+                diagnose: super::super::backend::Diagnose::No,
+                thresholds: &thresholds,
+                rewrites_inputs,
+            })
+        };
+        assert_eq!(writes(&call, false), Some((0x10000, 0x10000 + 4096 * 2)), "D: one bf16 row");
+        assert_eq!(writes(&call, true), None, "fault injection rewrites the inputs in place");
+        call.buffers.amax_d = 0x20000;
+        assert_eq!(writes(&call, false), None, "an amax output is written too");
     }
 
     #[test]

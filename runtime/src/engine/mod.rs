@@ -502,6 +502,7 @@ impl Engine {
                 Diagnose::No
             },
             thresholds: &self.config.thresholds,
+            rewrites_inputs: faults.as_ref().is_some_and(|f| !f.before.is_empty()),
         };
         let pre = if checking {
             match backend.before_call(&request) {

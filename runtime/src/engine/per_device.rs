@@ -260,6 +260,7 @@ mod tests {
             device_gate: None,
             diagnose: super::super::backend::Diagnose::No,
             thresholds: &thresholds,
+            rewrites_inputs: false,
         };
         per.after_call(&req, PreCall::default())
     }
