@@ -652,6 +652,13 @@ impl GpuRuntime for CudaRuntime {
         Ok(self.capture_info(s)?.map(|(id, _, _)| id))
     }
 
+    fn capture_graph(&self, s: Stream) -> Result<Option<u64>, DeviceError> {
+        if !self.graph_branches {
+            return Ok(None);
+        }
+        Ok(self.capture_info(s)?.map(|(_, graph, _)| graph as u64))
+    }
+
     fn last_captured_node(&self, s: Stream) -> Result<Option<(u64, GraphNode)>, DeviceError> {
         if !self.graph_branches {
             return Ok(None);

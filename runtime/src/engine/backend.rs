@@ -153,8 +153,11 @@ pub trait Backend: Send + Sync {
         false
     }
     /// A capture on `stream` is about to end: add the work deferred to its end (CUDA graphs;
-    /// nothing elsewhere).
-    fn capture_ending(&self, _stream: u64) {}
+    /// nothing elsewhere). Returns (graph, capture id) of the capture where known, so that what
+    /// was recorded of that graph can be checked against how the capture ends.
+    fn capture_ending(&self, _stream: u64) -> Option<(u64, u64)> {
+        None
+    }
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

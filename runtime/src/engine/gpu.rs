@@ -1499,8 +1499,10 @@ impl GpuBackend {
             return;
         };
         // A node we cannot name stays in the plain clone too: gated, it only costs time there.
-        if let Ok(Some((graph, node))) = self.runtime.last_captured_node(stream) {
-            select.record(graph, super::graph_select::CheckNode { node: node.0, gate }, rule);
+        if let (Ok(Some((graph, node))), Ok(Some(capture))) =
+            (self.runtime.last_captured_node(stream), self.runtime.capture_id(stream))
+        {
+            select.record(graph, capture, super::graph_select::CheckNode { node: node.0, gate }, rule);
         }
     }
 
@@ -1709,7 +1711,7 @@ impl Backend for GpuBackend {
         self.poll_diagnoses(diagnosis_slots, out);
     }
 
-    fn capture_ending(&self, stream: u64) {
+    fn capture_ending(&self, stream: u64) -> Option<(u64, u64)> {
         let stream = Stream(stream);
         let Ok(Some(id)) = self.runtime.capture_id(stream) else {
             // An invalidated capture ends with nothing to add to: its copy pending on this
@@ -1717,8 +1719,9 @@ impl Backend for GpuBackend {
             if self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0).is_some() {
                 super::note_skip(COPY_DROPPED);
             }
-            return;
+            return None;
         };
+        let graph = self.runtime.capture_graph(stream).ok().flatten();
         // Copies still pending go in front of everything captured after their GEMMs.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
         for copy in pending {
@@ -1745,6 +1748,7 @@ impl Backend for GpuBackend {
                 ));
             }
         }
+        graph.map(|g| (g, id))
     }
 
     fn dropped(&self) -> u64 {

@@ -179,15 +179,14 @@ pub fn note_skip(reason: &str) {
 }
 
 /// A capture on `stream` is about to end: the backend adds the checks it deferred to the end
-/// of that capture. Never starts the engine.
-pub fn on_capture_end(stream: u64) {
-    if let Some(Some(e)) = ENGINE.get() {
-        if !FORKED_CHILD.load(Ordering::Relaxed) {
-            if let Some(b) = &e.backend {
-                b.capture_ending(stream);
-            }
-        }
+/// of that capture. Returns (graph, capture id) where the backend knows them. Never starts
+/// the engine.
+pub fn on_capture_end(stream: u64) -> Option<(u64, u64)> {
+    let Some(Some(e)) = ENGINE.get() else { return None };
+    if FORKED_CHILD.load(Ordering::Relaxed) {
+        return None;
     }
+    e.backend.as_ref().and_then(|b| b.capture_ending(stream))
 }
 
 /// Whether the engine has been started in this process (for tests of inertness).

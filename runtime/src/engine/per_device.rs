@@ -128,13 +128,11 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         self.probe.is_capturing(stream)
     }
 
-    fn capture_ending(&self, stream: u64) {
+    fn capture_ending(&self, stream: u64) -> Option<(u64, u64)> {
         // Only a started backend can have deferred anything: never start one here.
-        let Ok(ordinal) = self.probe.current_ordinal() else { return };
+        let ordinal = self.probe.current_ordinal().ok()?;
         let backend = self.devices.read().unwrap_or_else(|e| e.into_inner()).get(&ordinal).cloned();
-        if let Some(b) = backend {
-            b.capture_ending(stream);
-        }
+        backend.and_then(|b| b.capture_ending(stream))
     }
 
     fn dropped(&self) -> u64 {
@@ -194,8 +192,9 @@ mod tests {
                 });
             }
         }
-        fn capture_ending(&self, _: u64) {
+        fn capture_ending(&self, _: u64) -> Option<(u64, u64)> {
             self.capture_ends.fetch_add(1, Ordering::Relaxed);
+            None
         }
         fn dropped(&self) -> u64 {
             self.ordinal as u64

@@ -74,9 +74,15 @@ macro_rules! end_capture {
     ($handler:ident, $sym:ident) => {
         /// The end of a stream capture: the engine first adds the checks it deferred to the
         /// capture's end (they run after the graph's production work), then the capture ends.
+        /// The selection then learns how the capture ended: a failed end frees the graph with no
+        /// `cuGraphDestroy`, and a later graph at the same address must never meet its nodes.
         pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
-            crate::engine::on_capture_end(a.stream as u64);
-            real.call()
+            let capture = crate::engine::on_capture_end(a.stream as u64);
+            let status = real.call();
+            if let (Some((graph, id)), Some(sel)) = (capture, graph_select::get()) {
+                sel.on_capture_end(graph, id, status == 0);
+            }
+            status
         }
     };
 }

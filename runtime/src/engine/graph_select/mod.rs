@@ -75,6 +75,10 @@ pub const INSTANTIATE_FLAG_DEVICE_LAUNCH: u64 = 4;
 /// Checks recorded into one graph during its capture.
 #[derive(Debug, Default)]
 struct Captured {
+    /// The capture they were recorded in: a graph handle can come back for another graph once
+    /// the first is gone (an invalidated capture's graph is freed with no `cuGraphDestroy`), and
+    /// that graph must never meet these nodes.
+    capture: u64,
     nodes: Vec<CheckNode>,
     rule: Option<Sampling>,
     /// Recorded with two different rules (cannot happen with one configuration): not selected.
@@ -131,10 +135,14 @@ impl GraphSelect {
         }
     }
 
-    /// Notes a check node just added to `graph` (a capture in progress) under `rule`.
-    pub fn record(&self, graph: u64, node: CheckNode, rule: Sampling) {
+    /// Notes a check node just added to `graph` by capture `capture` (in progress) under `rule`.
+    /// Records of an earlier capture under the same handle are dropped first.
+    pub fn record(&self, graph: u64, capture: u64, node: CheckNode, rule: Sampling) {
         let mut captured = self.captured.lock().unwrap_or_else(|e| e.into_inner());
         let c = captured.entry(graph).or_default();
+        if c.capture != capture {
+            *c = Captured { capture, ..Captured::default() };
+        }
         match c.rule {
             None => c.rule = Some(rule),
             Some(r) if r != rule => c.mixed_rules = true,
@@ -267,6 +275,16 @@ impl GraphSelect {
     /// The caller destroys `graph`: its records go (the handle may be reused).
     pub fn on_graph_destroy(&self, graph: u64) {
         self.captured.lock().unwrap_or_else(|e| e.into_inner()).remove(&graph);
+    }
+
+    /// Capture `capture` into `graph` ended, `ended` telling whether it succeeded. A failed end
+    /// frees the graph (no `cuGraphDestroy` follows): its records go. A successful one keeps only
+    /// its own records under that handle (others are of an earlier, dead graph).
+    pub fn on_capture_end(&self, graph: u64, capture: u64, ended: bool) {
+        let mut captured = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+        if !ended || captured.get(&graph).is_some_and(|c| c.capture != capture) {
+            captured.remove(&graph);
+        }
     }
 
     fn destroy_selected(&self, sel: &Selected) {

@@ -195,7 +195,7 @@ fn captured(sel: &GraphSelect, d: &FakeDriver, rule: Sampling) -> (u64, Vec<u64>
         vec![sketch, c_copy, reference, compare]
     });
     for (i, &n) in ours.iter().enumerate() {
-        sel.record(g, CheckNode { node: n, gate: (i != 1).then_some(GATE) }, rule);
+        sel.record(g, 1, CheckNode { node: n, gate: (i != 1).then_some(GATE) }, rule);
     }
     (g, prod, ours)
 }
@@ -264,7 +264,7 @@ fn unknown_executables_and_graphs_without_gated_checks_launch_unchanged() {
     // A graph whose only recorded node is ungated (sample all captures no gates).
     let (g, prod) = d.with(|m| m.chain(2));
     let copy = d.with(|m| m.insert_after(g, prod[0], false));
-    sel.record(g, CheckNode { node: copy, gate: None }, Sampling::ALL);
+    sel.record(g, 1, CheckNode { node: copy, gate: None }, Sampling::ALL);
     let e = d.instantiate(g, 0).unwrap();
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 0);
@@ -310,7 +310,7 @@ fn nodes_missing_from_the_graph_are_refused() {
     let d = Arc::new(FakeDriver::default());
     let sel = GraphSelect::new(d.clone());
     let (g, _) = d.with(|m| m.chain(3));
-    sel.record(g, CheckNode { node: 999_999, gate: Some(GATE) }, Sampling { first: 0, every: 2 });
+    sel.record(g, 1, CheckNode { node: 999_999, gate: Some(GATE) }, Sampling { first: 0, every: 2 });
     let e = d.instantiate(g, 0).unwrap();
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 0);
@@ -346,8 +346,8 @@ fn two_rules_in_one_graph_are_refused() {
     let (g, prod) = d.with(|m| m.chain(3));
     let a = d.with(|m| m.insert_after(g, prod[0], true));
     let b = d.with(|m| m.insert_after(g, prod[1], true));
-    sel.record(g, CheckNode { node: a, gate: Some(GATE) }, Sampling { first: 0, every: 2 });
-    sel.record(g, CheckNode { node: b, gate: Some(GATE) }, Sampling { first: 0, every: 3 });
+    sel.record(g, 1, CheckNode { node: a, gate: Some(GATE) }, Sampling { first: 0, every: 2 });
+    sel.record(g, 1, CheckNode { node: b, gate: Some(GATE) }, Sampling { first: 0, every: 3 });
     let e = d.instantiate(g, 0).unwrap();
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 0);
@@ -375,4 +375,45 @@ fn concurrent_launches_count_every_replay_once() {
     }
     assert_eq!(sel.stats.replays_checked.load(Ordering::Relaxed), 400);
     assert_eq!(sel.stats.replays_plain.load(Ordering::Relaxed), 3600);
+}
+
+#[test]
+fn records_of_a_dead_capture_never_reach_a_later_graph_under_the_same_handle() {
+    // An invalidated capture's graph is freed by the driver with no cuGraphDestroy: its handle
+    // (and its nodes' handles) can come back for the next graph.
+    let d = Arc::new(FakeDriver::default());
+    let sel = GraphSelect::new(d.clone());
+    let (g, prod) = d.with(|m| m.chain(3));
+    let rule = Sampling { first: 0, every: 2 };
+    // Capture 1 recorded a check whose node is a production node of the graph now at `g`
+    // (a reused node handle), then failed to end: its records go.
+    sel.record(g, 1, CheckNode { node: prod[1], gate: Some(GATE) }, rule);
+    sel.on_capture_end(g, 1, false);
+    let e = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, e, 0);
+    assert_eq!(
+        sel.selected_count(),
+        0,
+        "a failed capture's records were used (its plain clone strips prod[1])"
+    );
+
+    // Capture 2 at the same handle recorded nothing, capture 3's end is seen: capture 2's
+    // records (never told) are dropped by capture 3's successful end...
+    sel.record(g, 2, CheckNode { node: prod[1], gate: Some(GATE) }, rule);
+    sel.on_capture_end(g, 3, true);
+    let e = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, e, 0);
+    assert_eq!(sel.selected_count(), 0, "an earlier capture's records survived a later end");
+
+    // ...and a capture recording under a handle replaces what another capture left there.
+    let ours = d.with(|m| m.insert_after(g, prod[0], true));
+    sel.record(g, 4, CheckNode { node: prod[2], gate: Some(GATE) }, rule);
+    sel.record(g, 5, CheckNode { node: ours, gate: Some(GATE) }, rule);
+    sel.on_capture_end(g, 5, true);
+    let e = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, e, 0);
+    assert_eq!(sel.selected_count(), 1, "capture 5's own check selects the graph");
+    let LaunchAs::Instead(checked) = sel.launch_as(e) else { panic!("selected") };
+    let (_, gates) = origin_chain(&d, checked);
+    assert_eq!(gates.keys().copied().collect::<Vec<_>>(), vec![ours], "only capture 5's node is ungated");
 }
