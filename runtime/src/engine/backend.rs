@@ -67,6 +67,29 @@ pub enum Diagnose {
     IfFailing,
 }
 
+#[cfg(test)]
+impl<'a> CheckRequest<'a> {
+    /// A sketch request of `call` as site 1 with plain settings (tests of the layers that take
+    /// requests).
+    pub(crate) fn sketch_for_test(call: &'a InterceptedGemm, thresholds: &'a Thresholds) -> Self {
+        CheckRequest {
+            call,
+            mode: CheckMode::Sketch,
+            site_ordinal: 0,
+            site_id: 1,
+            call_seq: 0,
+            site_epoch: 0,
+            sketch: SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
+            rows_per_call: 64,
+            logits_topk: None,
+            device_gate: None,
+            diagnose: Diagnose::No,
+            thresholds,
+            rewrites_inputs: false,
+        }
+    }
+}
+
 /// The faults planted into one call (`QUANTSHADOW_INJECT`), as a backend applies them.
 /// Before-call rewrites act on the caller's buffers in place (the original bytes are saved
 /// first and put back right after the real call, before any check reads them); output

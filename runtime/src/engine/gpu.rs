@@ -1887,21 +1887,7 @@ mod tests {
             pointer_arrays: None,
         };
         let thresholds = crate::thresholds::Thresholds::default();
-        let req = CheckRequest {
-            call: &call,
-            mode: crate::record::CheckMode::Sketch,
-            site_ordinal: 60,
-            site_id: 1,
-            call_seq: 0,
-            site_epoch: 0,
-            sketch: super::super::backend::SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
-            rows_per_call: 64,
-            logits_topk: None,
-            device_gate: None,
-            diagnose: super::super::backend::Diagnose::No,
-            thresholds: &thresholds,
-            rewrites_inputs: false,
-        };
+        let req = CheckRequest { site_ordinal: 60, ..CheckRequest::sketch_for_test(&call, &thresholds) };
         let mut sites = HashMap::new();
         let skip = backend.site_state(&mut sites, &req, true).err().expect("a capture cannot set a site up");
         assert_eq!(skip.0, CAPTURE_NEW_SITE);
@@ -1931,21 +1917,7 @@ mod tests {
         };
         let thresholds = crate::thresholds::Thresholds::default();
         let writes = |call: &crate::intercept::InterceptedGemm, rewrites_inputs| {
-            call_writes(&CheckRequest {
-                call,
-                mode: crate::record::CheckMode::Sketch,
-                site_ordinal: 0,
-                site_id: 1,
-                call_seq: 0,
-                site_epoch: 0,
-                sketch: super::super::backend::SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
-                rows_per_call: 64,
-                logits_topk: None,
-                device_gate: None,
-                diagnose: super::super::backend::Diagnose::No,
-                thresholds: &thresholds,
-                rewrites_inputs,
-            })
+            call_writes(&CheckRequest { rewrites_inputs, ..CheckRequest::sketch_for_test(call, &thresholds) })
         };
         assert_eq!(writes(&call, false), Some((0x10000, 0x10000 + 4096 * 2)), "D: one bf16 row");
         assert_eq!(writes(&call, true), None, "fault injection rewrites the inputs in place");

@@ -246,22 +246,7 @@ mod tests {
             pointer_arrays: None,
         };
         let thresholds = crate::thresholds::Thresholds::default();
-        let req = CheckRequest {
-            call: &call,
-            mode: crate::record::CheckMode::Sketch,
-            site_ordinal: 0,
-            site_id: 1,
-            call_seq: 0,
-            site_epoch: 0,
-            sketch: super::super::backend::SketchSettings { seed: 1, probes: 8, rows_per_call: 256 },
-            rows_per_call: 64,
-            logits_topk: None,
-            device_gate: None,
-            diagnose: super::super::backend::Diagnose::No,
-            thresholds: &thresholds,
-            rewrites_inputs: false,
-        };
-        per.after_call(&req, PreCall::default())
+        per.after_call(&CheckRequest::sketch_for_test(&call, &thresholds), PreCall::default())
     }
 
     fn served(per: &PerDevice<Fake>) -> Vec<u32> {
