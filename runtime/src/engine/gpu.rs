@@ -1837,12 +1837,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn looking_up_loaded_sketch_entries_never_compiles() {
-        // A checked call asks for the sketch program's entries without compiling: until the
-        // program is loaded, the compile policy (background, or sync outside captures) decides.
-        let rt = Arc::new(FakeRuntime::default()); // its compiler always fails
-        let settings = GpuSettings {
+    /// A small pool and ring, synchronous compiles, the default detach policy.
+    fn fake_settings() -> GpuSettings {
+        GpuSettings {
             pool_bytes: 1 << 20,
             ring_capacity: 16,
             sync_compile: true,
@@ -1850,7 +1847,15 @@ mod tests {
             graph_select: false,
             side_stream: false,
             kernels: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn looking_up_loaded_sketch_entries_never_compiles() {
+        // A checked call asks for the sketch program's entries without compiling: until the
+        // program is loaded, the compile policy (background, or sync outside captures) decides.
+        let rt = Arc::new(FakeRuntime::default()); // its compiler always fails
+        let settings = fake_settings();
         let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
         let before = rt.compiles.load(Ordering::SeqCst);
         let bf16 = Format::Bf16;
@@ -1869,15 +1874,7 @@ mod tests {
         // Llama's rotary outer product has a new B (a temporary) in every capture: the report
         // must say that, not a reason shared with a missing row count or weight projection.
         let rt = Arc::new(FakeRuntime::default());
-        let settings = GpuSettings {
-            pool_bytes: 1 << 20,
-            ring_capacity: 16,
-            sync_compile: true,
-            sketch_detach: SketchDetach::Graphs,
-            graph_select: false,
-            side_stream: false,
-            kernels: Default::default(),
-        };
+        let settings = fake_settings();
         let backend = GpuBackend::new(rt, "fake", &settings).unwrap();
         let call = crate::intercept::InterceptedGemm {
             entry: "cublasSgemm_v2",
