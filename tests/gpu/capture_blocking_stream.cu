@@ -8,10 +8,13 @@
 //     LD_PRELOAD=.gpu/main/libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all \
 //       QUANTSHADOW_COMPILE=sync /tmp/cbs                              # must also say "capture intact"
 //
-// Thread A begins a thread-local capture on its blocking stream and records a kernel. Thread B
-// then makes its first bf16 GEMM on a stream of its own, which the shim checks (set-up: pool
-// buffers zeroed, W_R projected). A then records a second kernel and ends the capture.
-// Exit status 0 when the capture ended, instantiated and replayed; 1 otherwise.
+// Thread B first runs a bf16 GEMM of another shape, so that the shim has started and compiled
+// its kernels before any capture. Thread A then begins a thread-local capture on its blocking
+// stream and records a kernel. B makes its first GEMM of a new shape on a stream of its own,
+// which the shim checks: a new site's set-up (pool buffers zeroed, W_R projected), nothing else.
+// A then records a second kernel and ends the capture. Exit status 0 when the capture ended,
+// instantiated and replayed; 1 otherwise. Under the shim, its closing line must count the
+// capture-time GEMM as checked (QUANTSHADOW_LOG=info), or the run tested nothing.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -46,6 +49,10 @@ int main() {
     void* workspace = nullptr;
     cudaMalloc(&workspace, 32 << 20);
     cublasSetWorkspace(h, workspace, 32 << 20);
+    const float one = 1.0f, zero = 0.0f;
+    // The warm-up GEMM: 512 x 512 x 512, same formats (the shim starts and compiles here).
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 512, 512, 512, &one, a, CUDA_R_16BF, 512, b, CUDA_R_16BF, 512, &zero,
+                 d, CUDA_R_16BF, 512, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     cudaDeviceSynchronize();
 
     std::atomic<int> stage{0};
@@ -63,7 +70,6 @@ int main() {
         cudaStreamDestroy(sa);
     });
     while (stage.load() < 1) std::this_thread::yield();
-    const float one = 1.0f, zero = 0.0f;
     const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
                                            CUDA_R_16BF, n, &zero, d, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                                            CUBLAS_GEMM_DEFAULT);

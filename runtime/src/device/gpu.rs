@@ -1008,6 +1008,22 @@ impl GpuChecker {
         let partials = self.alloc(abi::sketch_prep_partials_bytes(&prep_cfg) as usize)?;
         let counter = self.alloc_zeroed(4)?;
         let status = self.alloc_zeroed(4)?;
+        // Every allocation and geometry before the first launch: a block dropped on an error
+        // after a launch would go back to the pool while the kernel may still write it.
+        let items = if g.b_batched() { g.batch } else { 1 };
+        let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
+        let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
+        let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
+        // Only while the lean check is on (a weight made with it off never takes it) and for
+        // weights some call of which can take it. Zeroed where kp is not a whole number of
+        // 16-probe tiles (kp = 8): the padding probes are never written.
+        let wfrag = if self.lean_sketch() && items == 1 && abi::lean_sketch_weight(a, d, g.k, g.n) {
+            let bytes = abi::wfrag_bytes(g.k, kp) as usize;
+            Some(if kp.is_multiple_of(16) { self.alloc(bytes)? } else { self.alloc_zeroed(bytes)? })
+        } else {
+            None
+        };
+        let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
         let prep = QsPrepParams {
             n: g.n,
             seed,
@@ -1022,19 +1038,6 @@ impl GpuChecker {
             reserved: 0,
         };
         self.launch(&build, "qs_sketch_prep", &prep_cfg, &prep, stream)?;
-        let items = if g.b_batched() { g.batch } else { 1 };
-        let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
-        let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
-        let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
-        // Only while the lean check is on (a weight made with it off never takes it) and for
-        // weights some call of which can take it. Zeroed where kp is not a whole number of
-        // 16-probe tiles (kp = 8): the padding probes are never written.
-        let wfrag = if self.lean_sketch() && items == 1 && abi::lean_sketch_weight(a, d, g.k, g.n) {
-            let bytes = abi::wfrag_bytes(g.k, kp) as usize;
-            Some(if kp.is_multiple_of(16) { self.alloc(bytes)? } else { self.alloc_zeroed(bytes)? })
-        } else {
-            None
-        };
         let wproj = QsWprojParams {
             b: g.b,
             b_scale: g.b_scale,
@@ -1049,8 +1052,12 @@ impl GpuChecker {
             snapshot_ptr: snapshot.ptr,
             frag_ptr: wfrag.as_ref().map_or(0, |b| b.ptr),
         };
-        let cfg = abi::sketch_wproj_launch(&g.b, g.k, items, self.info.warp_size).map_err(abi_err)?;
-        self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream)?;
+        if let Err(e) = self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream) {
+            // The prep kernel is queued and writes the signs, sums and its scratch: they go back
+            // to the pool only once it has run (set-up code, never inside a capture).
+            let _ = self.runtime.synchronize(stream);
+            return Err(e);
+        }
         Ok(SketchWeight {
             seed,
             k,

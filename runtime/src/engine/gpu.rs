@@ -1343,23 +1343,44 @@ impl GpuBackend {
         let p = &req.call.problem;
         let mut out = *buffers;
         let targets = per_call_inputs(p, buffers, &mut out, self.weights_rewritten(req.site_id));
+        let mut enqueued = false;
+        let mut copied = Ok(());
         for (slot, (src, bytes, dst)) in sc.copies.iter_mut().zip(targets) {
             if src == 0 || bytes == 0 {
                 continue;
             }
             if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
                 *slot = None; // back to the pool before the larger block is taken
-                *slot =
-                    Some(self.checker.alloc(bytes).map_err(|e| {
-                        Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e)))
-                    })?);
+                match self.checker.alloc(bytes) {
+                    Ok(b) => *slot = Some(b),
+                    Err(e) => {
+                        copied = Err(Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e))));
+                        break;
+                    }
+                }
             }
             let copy = slot.as_ref().expect("allocated above");
-            rt.copy_async(copy.ptr, src, bytes, stream).map_err(|e| fail("input copy", e))?;
+            if let Err(e) = rt.copy_async(copy.ptr, src, bytes, stream) {
+                copied = Err(fail("input copy", e));
+                break;
+            }
+            enqueued = true;
             *dst = copy.ptr;
         }
-        rt.record_event(sc.inputs_ready, stream).map_err(|e| fail("side stream event", e))?;
-        rt.wait_event(side, sc.inputs_ready).map_err(|e| fail("side stream event", e))?;
+        let copied = copied.and_then(|()| {
+            rt.record_event(sc.inputs_ready, stream)
+                .and_then(|()| rt.wait_event(side, sc.inputs_ready))
+                .map_err(|e| fail("side stream event", e))
+        });
+        if let Err(skip) = copied {
+            // Copies already enqueued still write their slots: the next call waits for them
+            // (as for a check) before it may free or reuse a slot.
+            if enqueued {
+                sc.pending = rt.record_event(sc.done, stream).is_ok();
+                sc.lost = !sc.pending;
+            }
+            return Err(skip);
+        }
         QsGemmDesc::from_problem(p, &out)
             .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))
     }

@@ -79,6 +79,10 @@ struct Captured {
     /// the first is gone (an invalidated capture's graph is freed with no `cuGraphDestroy`), and
     /// that graph must never meet these nodes.
     capture: u64,
+    /// That capture ended successfully ([`GraphSelect::on_capture_end`]). Records of a capture
+    /// whose end was never seen (invalidated before it) are never used: the handle may now be
+    /// any graph, made by cuGraphCreate or cuGraphClone too.
+    ended: bool,
     nodes: Vec<CheckNode>,
     rule: Option<Sampling>,
     /// Recorded with two different rules (cannot happen with one configuration): not selected.
@@ -157,7 +161,7 @@ impl GraphSelect {
         let (nodes, rule) = {
             let captured = self.captured.lock().unwrap_or_else(|e| e.into_inner());
             match captured.get(&graph) {
-                Some(c) if c.nodes.iter().any(|n| n.gate.is_some()) => {
+                Some(c) if c.ended && c.nodes.iter().any(|n| n.gate.is_some()) => {
                     if c.mixed_rules {
                         drop(captured);
                         self.refuse("graph launch selection: checks captured under two sampling rules");
@@ -278,12 +282,18 @@ impl GraphSelect {
     }
 
     /// Capture `capture` into `graph` ended, `ended` telling whether it succeeded. A failed end
-    /// frees the graph (no `cuGraphDestroy` follows): its records go. A successful one keeps only
-    /// its own records under that handle (others are of an earlier, dead graph).
+    /// frees the graph (no `cuGraphDestroy` follows): its records go. A successful one makes its
+    /// own records usable and drops others under that handle (of an earlier, dead graph). Only
+    /// records of `capture` itself are dropped on a failure: after the real end freed the graph,
+    /// another thread's new capture may already be recording under the same handle.
     pub fn on_capture_end(&self, graph: u64, capture: u64, ended: bool) {
         let mut captured = self.captured.lock().unwrap_or_else(|e| e.into_inner());
-        if !ended || captured.get(&graph).is_some_and(|c| c.capture != capture) {
-            captured.remove(&graph);
+        match captured.get_mut(&graph) {
+            Some(c) if c.capture == capture && ended => c.ended = true,
+            Some(c) if c.capture == capture || ended => {
+                captured.remove(&graph);
+            }
+            _ => {}
         }
     }
 

@@ -197,6 +197,7 @@ fn captured(sel: &GraphSelect, d: &FakeDriver, rule: Sampling) -> (u64, Vec<u64>
     for (i, &n) in ours.iter().enumerate() {
         sel.record(g, 1, CheckNode { node: n, gate: (i != 1).then_some(GATE) }, rule);
     }
+    sel.on_capture_end(g, 1, true);
     (g, prod, ours)
 }
 
@@ -265,6 +266,7 @@ fn unknown_executables_and_graphs_without_gated_checks_launch_unchanged() {
     let (g, prod) = d.with(|m| m.chain(2));
     let copy = d.with(|m| m.insert_after(g, prod[0], false));
     sel.record(g, 1, CheckNode { node: copy, gate: None }, Sampling::ALL);
+    sel.on_capture_end(g, 1, true);
     let e = d.instantiate(g, 0).unwrap();
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 0);
@@ -311,6 +313,7 @@ fn nodes_missing_from_the_graph_are_refused() {
     let sel = GraphSelect::new(d.clone());
     let (g, _) = d.with(|m| m.chain(3));
     sel.record(g, 1, CheckNode { node: 999_999, gate: Some(GATE) }, Sampling { first: 0, every: 2 });
+    sel.on_capture_end(g, 1, true);
     let e = d.instantiate(g, 0).unwrap();
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 0);
@@ -348,6 +351,7 @@ fn two_rules_in_one_graph_are_refused() {
     let b = d.with(|m| m.insert_after(g, prod[1], true));
     sel.record(g, 1, CheckNode { node: a, gate: Some(GATE) }, Sampling { first: 0, every: 2 });
     sel.record(g, 1, CheckNode { node: b, gate: Some(GATE) }, Sampling { first: 0, every: 3 });
+    sel.on_capture_end(g, 1, true);
     let e = d.instantiate(g, 0).unwrap();
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 0);
@@ -416,4 +420,27 @@ fn records_of_a_dead_capture_never_reach_a_later_graph_under_the_same_handle() {
     let LaunchAs::Instead(checked) = sel.launch_as(e) else { panic!("selected") };
     let (_, gates) = origin_chain(&d, checked);
     assert_eq!(gates.keys().copied().collect::<Vec<_>>(), vec![ours], "only capture 5's node is ungated");
+}
+
+#[test]
+fn records_count_only_once_their_capture_ended_and_a_failed_end_drops_only_its_own() {
+    let d = Arc::new(FakeDriver::default());
+    let sel = GraphSelect::new(d.clone());
+    let (g, prod) = d.with(|m| m.chain(3));
+    let ours = d.with(|m| m.insert_after(g, prod[0], true));
+    let rule = Sampling { first: 0, every: 2 };
+    // A capture invalidated before its end was seen (no end reported): its records must not
+    // reach whatever graph the handle names now (cuGraphCreate / cuGraphClone ones included).
+    sel.record(g, 7, CheckNode { node: ours, gate: Some(GATE) }, rule);
+    let e = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, e, 0);
+    assert_eq!(sel.selected_count(), 0, "records of a capture never seen to end were used");
+    // Another thread's capture 8 records under the handle after capture 7's failed end freed
+    // the graph; capture 7's failure (reported late) must not drop capture 8's records.
+    sel.record(g, 8, CheckNode { node: ours, gate: Some(GATE) }, rule);
+    sel.on_capture_end(g, 7, false);
+    sel.on_capture_end(g, 8, true);
+    let e = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, e, 0);
+    assert_eq!(sel.selected_count(), 1, "capture 8's records were dropped by capture 7's failure");
 }
