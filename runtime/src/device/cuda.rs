@@ -652,20 +652,20 @@ impl GpuRuntime for CudaRuntime {
         Ok(self.capture_info(s)?.map(|(id, _, _)| id))
     }
 
-    fn capture_graph(&self, s: Stream) -> Result<Option<u64>, DeviceError> {
+    fn capture_graph(&self, s: Stream) -> Result<Option<(u64, u64)>, DeviceError> {
         if !self.graph_branches {
             return Ok(None);
         }
-        Ok(self.capture_info(s)?.map(|(_, graph, _)| graph as u64))
+        Ok(self.capture_info(s)?.map(|(id, graph, _)| (id, graph as u64)))
     }
 
-    fn last_captured_node(&self, s: Stream) -> Result<Option<(u64, GraphNode)>, DeviceError> {
+    fn last_captured_node(&self, s: Stream) -> Result<Option<(u64, u64, GraphNode)>, DeviceError> {
         if !self.graph_branches {
             return Ok(None);
         }
         Ok(match self.capture_info(s)? {
             // Work just enqueued on a capturing stream is its one capture dependency.
-            Some((_, graph, deps)) if deps.len() == 1 => Some((graph as u64, GraphNode(deps[0] as u64))),
+            Some((id, graph, deps)) if deps.len() == 1 => Some((id, graph as u64, GraphNode(deps[0] as u64))),
             _ => None,
         })
     }

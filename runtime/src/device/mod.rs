@@ -230,15 +230,16 @@ pub trait GpuRuntime: Send + Sync {
         Ok(None)
     }
 
-    /// The graph `stream` is capturing into (None: not capturing, or unknown).
-    fn capture_graph(&self, stream: Stream) -> Result<Option<u64>, DeviceError> {
+    /// (capture id, graph) of the capture in progress on `stream` (None: not capturing, or
+    /// unknown, as for [`GpuRuntime::capture_id`]).
+    fn capture_graph(&self, stream: Stream) -> Result<Option<(u64, u64)>, DeviceError> {
         let _ = stream;
         Ok(None)
     }
 
-    /// (graph, node) of the work last enqueued on `stream` while it captures: the stream's one
-    /// capture dependency. None when not capturing, unknown, or not a single node.
-    fn last_captured_node(&self, stream: Stream) -> Result<Option<(u64, GraphNode)>, DeviceError> {
+    /// (capture id, graph, node) of the work last enqueued on `stream` while it captures: the
+    /// stream's one capture dependency. None when not capturing, unknown, or not a single node.
+    fn last_captured_node(&self, stream: Stream) -> Result<Option<(u64, u64, GraphNode)>, DeviceError> {
         let _ = stream;
         Ok(None)
     }

@@ -1520,9 +1520,7 @@ impl GpuBackend {
             return;
         };
         // A node we cannot name stays in the plain clone too: gated, it only costs time there.
-        if let (Ok(Some((graph, node))), Ok(Some(capture))) =
-            (self.runtime.last_captured_node(stream), self.runtime.capture_id(stream))
-        {
+        if let Ok(Some((capture, graph, node))) = self.runtime.last_captured_node(stream) {
             select.record(graph, capture, super::graph_select::CheckNode { node: node.0, gate }, rule);
         }
     }
@@ -1734,7 +1732,7 @@ impl Backend for GpuBackend {
 
     fn capture_ending(&self, stream: u64) -> Option<(u64, u64)> {
         let stream = Stream(stream);
-        let Ok(Some(id)) = self.runtime.capture_id(stream) else {
+        let Ok(Some((id, graph))) = self.runtime.capture_graph(stream) else {
             // An invalidated capture ends with nothing to add to: its copy pending on this
             // stream goes, counted (its deferred checks are counted when pushed out).
             if self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0).is_some() {
@@ -1742,7 +1740,6 @@ impl Backend for GpuBackend {
             }
             return None;
         };
-        let graph = self.runtime.capture_graph(stream).ok().flatten();
         // Copies still pending go in front of everything captured after their GEMMs.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
         for copy in pending {
@@ -1769,7 +1766,7 @@ impl Backend for GpuBackend {
                 ));
             }
         }
-        graph.map(|g| (g, id))
+        Some((graph, id))
     }
 
     fn dropped(&self) -> u64 {
