@@ -347,7 +347,8 @@ struct QsSnapRegion {
 // bias. Graph replays count the epoch on the device (epoch_counter_ptr: u64, zero at set-up,
 // never reset): every block adds one, so launch L reads values in [L * blocks, (L + 1) *
 // blocks) and all blocks agree on L without a barrier. Eager calls pass the epoch in
-// rows.epoch_value (epoch_counter_ptr 0).
+// rows.epoch_value (epoch_counter_ptr 0). The lean copy (qs_sketch_snap_rows) of every row
+// (QS_ROWS_ALL) counts nothing: its header has tag 1 and rows.epoch_value.
 struct QsSnapParams {
     QsGemmDesc g;
     QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value) or ALL

@@ -2128,12 +2128,72 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
 // (snapshot.rs `lean_copy`): one batch item, contiguous op(A) rows and row-major D rows of byte
 // formats whose slices are whole 16-byte vectors inside the buffers, and no C, A scales or row
 // bias (device-pointer scalars, such as FP8 tensor scales, are copied into the header). Same
-// parameters, grid and result as QS_SKETCH_SNAP; its small code is the point: the general
+// parameters, grid and result as QS_SKETCH_SNAP, except that a copy of every row has the
+// host's epoch in its header, not a launch count (qs_snap_all_rows); its small code is the point: the general
 // kernel's size costs ~1.1 us per copy in a decode graph (H100, instruction fetch after each
 // GEMV; 0.8 us per FP8 copy node, docs/measurements/2026-11-26-h100-batched-checks.md).
 #define QS_SKETCH_SNAP_ROWS QS_CAT5(qs_sketch_snap_rows_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 
+// Row t's slice (blockIdx.y of gridDim.y) of op(A) and D into the snapshot, and the row list.
+QS_DEVICE void qs_snap_rows_slice(const QsSnapParams& P, qs_u64 t, qs_u64 row) {
+    const QsGemmDesc& g = P.g;
+    qs_u8* out = (qs_u8*)P.out_ptr;
+    if (blockIdx.y == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = row;
+    const qs_u64 a_bytes = QsFmt<QS_A_FMT>::BITS / 8, d_bytes = QsFmt<QS_D_FMT>::BITS / 8;
+    qs_u64 ka, kb, na, nb;
+    qs_slice(g.k, blockIdx.y, gridDim.y, &ka, &kb);
+    qs_slice(g.n, blockIdx.y, gridDim.y, &na, &nb);
+    const uint4* sa = (const uint4*)((const qs_u8*)g.a.ptr + (row * qs_op_strides(g.a).rs + ka) * a_bytes);
+    uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes + ka * a_bytes);
+    const uint4* sd = (const uint4*)((const qs_u8*)g.d.ptr + (row * g.d.ld + na) * d_bytes);
+    uint4* dd = (uint4*)(out + P.d.off + t * P.d.row_bytes + na * d_bytes);
+    const qs_u64 va = (kb - ka) * a_bytes / 16, vd = (nb - na) * d_bytes / 16;
+    // Both rows' loads of an iteration are issued before their stores.
+    for (qs_u64 v = threadIdx.x; v < (va > vd ? va : vd); v += blockDim.x) {
+        uint4 x, y;
+        if (v < va) x = sa[v];
+        if (v < vd) y = sd[v];
+        if (v < va) da[v] = x;
+        if (v < vd) dd[v] = y;
+    }
+}
+
+// Header tag of a copy of every row (QS_ROWS_ALL): constant, the rows do not depend on the epoch.
+#define QS_SNAP_ALL_ROWS_TAG 1ull
+
+// A copy of every row (QS_ROWS_ALL; decode: one row) needs no launch count: its rows do not
+// depend on an epoch, and block (0, 0) writes the whole header (tag, the host's epoch, scalars,
+// status) without waiting for the other blocks. The count's round trip and the barrier before
+// the header cost ~0.25 us per copy node in a decode graph (H100, session 21 `exp87`). The only
+// status a copy of every row can raise, rows past the end, depends on the parameters alone:
+// block (0, 0) computes it for all blocks (no merge between blocks, no stale bits).
+QS_DEVICE void qs_snap_all_rows(const QsSnapParams& P) {
+    const QsGemmDesc& g = P.g;
+    qs_wait_prior_grid();  // an early start: the production GEMM's A, D and scalars after this
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+        QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
+        if (threadIdx.x < 5) {
+            hdr->scalars[threadIdx.x] = qs_snap_scalar(threadIdx.x == 0   ? g.alpha
+                                                       : threadIdx.x == 1 ? g.a_tensor_scale
+                                                       : threadIdx.x == 2 ? g.b_tensor_scale
+                                                       : threadIdx.x == 3 ? g.beta
+                                                                          : g.d_scale);
+        } else if (threadIdx.x == QS_WARP_SIZE) {
+            const qs_u64 bits = P.rows.count > P.rows.total_rows ? QS_STATUS_OUT_OF_BOUNDS : 0u;
+            hdr->tag = QS_SNAP_ALL_ROWS_TAG;
+            hdr->epoch = P.rows.epoch_value;
+            hdr->status = (QS_SNAP_ALL_ROWS_TAG << 32) | bits;
+        }
+    }
+    const qs_u64 t = blockIdx.x;
+    if (t < P.rows.count && t < P.rows.total_rows) qs_snap_rows_slice(P, t, t);
+}
+
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
+    if (P.rows.mode == QS_ROWS_ALL) {
+        qs_snap_all_rows(P);
+        return;
+    }
     __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;
     const QsGemmDesc& g = P.g;
@@ -2142,8 +2202,8 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
         counted = qs_snap_count_launch(P);
         s_status = 0;
     }
-    // Rows drawn by epoch wait for it; with all rows taken the copy starts at once (thread 0
-    // reads `counted` only where it stores the epoch).
+    // Rows drawn by epoch wait for it; a row list's copy starts at once (thread 0 reads
+    // `counted` only where it stores the epoch).
     const bool rows_by_epoch = P.rows.mode == QS_ROWS_PERM;
     if (rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
@@ -2161,27 +2221,8 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
     }
     const qs_u64 t = blockIdx.x;
     qs_u64 row = 0;
-    if (t < P.rows.count && qs_rows_at(P.rows, rows_by_epoch ? s_epoch : 0, t, &row, (qs_u64)&s_status)) {
-        qs_u8* out = (qs_u8*)P.out_ptr;
-        if (blockIdx.y == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = row;
-        const qs_u64 a_bytes = QsFmt<QS_A_FMT>::BITS / 8, d_bytes = QsFmt<QS_D_FMT>::BITS / 8;
-        qs_u64 ka, kb, na, nb;
-        qs_slice(g.k, blockIdx.y, gridDim.y, &ka, &kb);
-        qs_slice(g.n, blockIdx.y, gridDim.y, &na, &nb);
-        const uint4* sa = (const uint4*)((const qs_u8*)g.a.ptr + (row * qs_op_strides(g.a).rs + ka) * a_bytes);
-        uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes + ka * a_bytes);
-        const uint4* sd = (const uint4*)((const qs_u8*)g.d.ptr + (row * g.d.ld + na) * d_bytes);
-        uint4* dd = (uint4*)(out + P.d.off + t * P.d.row_bytes + na * d_bytes);
-        const qs_u64 va = (kb - ka) * a_bytes / 16, vd = (nb - na) * d_bytes / 16;
-        // Both rows' loads of an iteration are issued before their stores.
-        for (qs_u64 v = threadIdx.x; v < (va > vd ? va : vd); v += blockDim.x) {
-            uint4 x, y;
-            if (v < va) x = sa[v];
-            if (v < vd) y = sd[v];
-            if (v < va) da[v] = x;
-            if (v < vd) dd[v] = y;
-        }
-    }
+    if (t < P.rows.count && qs_rows_at(P.rows, rows_by_epoch ? s_epoch : 0, t, &row, (qs_u64)&s_status))
+        qs_snap_rows_slice(P, t, row);
     if (!rows_by_epoch && threadIdx.x == 0) s_epoch = qs_snap_epoch(P, counted);
     __syncthreads();
     QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN (prepared in session 20, no device time left): the first checks of the next session.
+# exp86 (session 21): the first checks of the session (prepared in session 20 as exp85_next.sh).
 # .gpu/main = this tree; .gpu/base = 4db85de (before the session's host-harm fixes).
 # 1. The set-up copies on the shim's own stream (commit 0215d4d, not run on a GPU): the whole
 #    quick selftest, torch_ops, Llama tokens.
