@@ -227,7 +227,8 @@ struct RowsState {
 ///   check, a branch that the next captured GEMM may run beside ([`super::copy_beside`]). Each captured call of
 ///   the site within one capture gets its own snapshot buffer (buffers are reused by later
 ///   captures: graphs launched on one stream run one after the other). The check is added
-///   when the capture ends, after its last work ([`DeferredChecks`]), with the site's own
+///   when the capture ends, after its last work, or beside a far larger GEMM captured later
+///   (a vocabulary projection, [`BESIDE_GEMM_FACTOR`]) ([`DeferredChecks`]), with the site's own
 ///   scratch: the checks of a replay then run side by side after its production kernels
 ///   instead of beside them (a check beside a decode GEMV slowed it by ~2.5 us on an H100). A
 ///   site called again in the same capture (its own scratch taken) gets a graph branch right
@@ -258,12 +259,20 @@ struct DetachedState {
     own_scratch: Option<(SketchScratch, u64)>,
 }
 
-/// Captured checks waiting for the end of their capture (`Backend::capture_ending`), per
-/// capture id, for the latest [`DEFERRED_CAPTURES`] captures. A capture whose end the shim
-/// never sees (not ended through `cuStreamEndCapture`) leaves its checks here until newer
-/// captures push them out, counted as skipped then.
+/// Captured checks waiting for the end of their capture (`Backend::capture_ending`), or for a
+/// GEMM long enough to run beside ([`DeferredChecks::beside_gemm`]), per capture id, for the
+/// latest [`DEFERRED_CAPTURES`] captures. A capture whose end the shim never sees (not ended
+/// through `cuStreamEndCapture`) leaves its checks here until newer captures push them out,
+/// counted as skipped then.
 struct DeferredChecks<T = DeferredCheck> {
-    captures: Vec<(u64, Vec<T>)>,
+    captures: Vec<CaptureChecks<T>>,
+}
+
+struct CaptureChecks<T> {
+    id: u64,
+    checks: Vec<T>,
+    /// Bytes of the largest B among the capture's checked GEMMs so far.
+    largest_b: u64,
 }
 
 impl<T> Default for DeferredChecks<T> {
@@ -274,12 +283,15 @@ impl<T> Default for DeferredChecks<T> {
 
 const DEFERRED_CAPTURES: usize = 8;
 
-/// A deferred check's snapshot copy, prepared, and the check itself: both wait for the copy
-/// to be added to the capture ([`super::copy_beside`]).
-struct CopyWork {
-    copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
-    check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
-}
+/// A captured GEMM whose B has at least this many times the bytes of every earlier checked
+/// GEMM's B in its capture gets the deferred checks beside it: a decode step's vocabulary
+/// projection (Llama small: 65.5 MB against 5.8 MB at most before it; an 8B model's: 1 GB
+/// against 235 MB for a fused gate and up projection). Such a GEMV is long, and its checks'
+/// blocks hide behind it instead of extending the replay after its last kernel (H100,
+/// `exp88`/`exp89`: Llama small graph decode -13.6%/-12.9% -> -11.8%/-11.5% tokens/s). Beside
+/// GEMMs of the usual sizes they cost more than at the end (48-GEMM stack, beside every MLP
+/// projection: +13.7% instead of +9.9%), so the rule asks for a clear jump in size.
+const BESIDE_GEMM_FACTOR: u64 = 4;
 
 /// A check deferred to its capture's end, and its snapshot copy's node when that copy is a
 /// branch ([`super::copy_beside`]): the check is added after it.
@@ -288,28 +300,58 @@ struct DeferredCheck {
     copy: Option<crate::device::GraphNode>,
 }
 
+/// A deferred check's snapshot copy, prepared, and the check itself: both wait for the copy
+/// to be added to the capture ([`super::copy_beside`]).
+struct CopyWork {
+    copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
+    check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
+}
+
 impl<T> DeferredChecks<T> {
-    /// Adds a check for the end of capture `id`; returns how many checks of older captures
-    /// were given up to make room.
-    fn push(&mut self, id: u64, check: T) -> usize {
-        if let Some((_, checks)) = self.captures.iter_mut().find(|(c, _)| *c == id) {
-            checks.push(check);
-            return 0;
+    /// The entry of capture `id`, made if new; and how many checks of older captures were
+    /// given up to make room.
+    fn entry(&mut self, id: u64) -> (&mut CaptureChecks<T>, usize) {
+        if let Some(i) = self.captures.iter().position(|c| c.id == id) {
+            return (&mut self.captures[i], 0);
         }
         let mut given_up = 0;
         if self.captures.len() == DEFERRED_CAPTURES {
-            given_up = self.captures.remove(0).1.len();
+            given_up = self.captures.remove(0).checks.len();
         }
-        self.captures.push((id, vec![check]));
+        self.captures.push(CaptureChecks { id, checks: Vec::new(), largest_b: 0 });
+        (self.captures.last_mut().expect("just pushed"), given_up)
+    }
+
+    /// Adds a check for the end of capture `id`; returns how many checks of older captures
+    /// were given up to make room.
+    fn push(&mut self, id: u64, check: T) -> usize {
+        let (entry, given_up) = self.entry(id);
+        entry.checks.push(check);
         given_up
     }
 
-    /// The checks deferred to the end of capture `id`, removed.
+    /// The checks deferred to the end of capture `id`, removed with the capture's entry.
     fn take(&mut self, id: u64) -> Vec<T> {
-        match self.captures.iter().position(|(c, _)| *c == id) {
-            Some(i) => self.captures.remove(i).1,
+        match self.captures.iter().position(|c| c.id == id) {
+            Some(i) => self.captures.remove(i).checks,
             None => Vec::new(),
         }
+    }
+
+    /// A checked GEMM with `b_bytes` of B is about to be captured in capture `id`: the checks
+    /// to add beside it ([`BESIDE_GEMM_FACTOR`]; those `movable` says can go anywhere), and
+    /// how many checks of older captures were given up to make room for a new capture.
+    fn beside_gemm(&mut self, id: u64, b_bytes: u64, movable: impl Fn(&T) -> bool) -> (Vec<T>, usize) {
+        let (entry, given_up) = self.entry(id);
+        let jump = entry.largest_b > 0 && b_bytes / BESIDE_GEMM_FACTOR >= entry.largest_b;
+        entry.largest_b = entry.largest_b.max(b_bytes);
+        if !jump {
+            return (Vec::new(), given_up);
+        }
+        let (beside, stay): (Vec<T>, Vec<T>) =
+            std::mem::take(&mut entry.checks).into_iter().partition(movable);
+        entry.checks = stay;
+        (beside, given_up)
     }
 }
 
@@ -1510,6 +1552,52 @@ impl GpuBackend {
         }
     }
 
+    /// Adds deferred checks as branches from the capture's current work on `stream` and from
+    /// each check's own copy. They run all at once: narrowed to share one resident wave of
+    /// blocks (blocks beyond it would wait for earlier checks' slow finishing stages), split by
+    /// the bytes each reads.
+    fn add_deferred_checks(&self, mut checks: Vec<DeferredCheck>, stream: Stream) {
+        let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
+        let demands: Vec<abi::SplitDemand> = checks.iter().map(|c| c.launch.split_demand()).collect();
+        for (check, splits) in checks.iter_mut().zip(abi::plan_shared_splits(&demands, wave)) {
+            check.launch.narrow_splits(splits);
+        }
+        for check in &checks {
+            if let Err(e) =
+                self.checker.launch_prepared_branch(&check.launch, stream, BranchDeps::Frontier(check.copy))
+            {
+                super::note_skip(&format!(
+                    "graph capture: deferred check not added: {}",
+                    short(&e.to_string())
+                ));
+            }
+        }
+    }
+
+    /// Before a captured GEMM: the capture's deferred checks go beside it when its B is far
+    /// larger than every earlier one's ([`DeferredChecks::beside_gemm`]). Only checks whose
+    /// copy is a graph node move: a copy on a stream is ordered only on that stream.
+    fn checks_beside_gemm(&self, req: &CheckRequest) {
+        let stream = Stream(req.call.stream);
+        let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
+        let p = &req.call.problem;
+        let b_elements =
+            p.n.saturating_mul(p.k).saturating_mul(if p.b.batch_stride != 0 { p.batch } else { 1 });
+        let b_bytes = p.b.format.bytes_for(usize::try_from(b_elements).unwrap_or(usize::MAX)) as u64;
+        let (checks, given_up) = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).beside_gemm(
+            id,
+            b_bytes,
+            |c: &DeferredCheck| c.copy.is_some(),
+        );
+        for _ in 0..given_up {
+            super::note_skip(NEVER_ADDED);
+        }
+        if !checks.is_empty() {
+            // Branches from the work captured before the GEMM: they start with it.
+            self.add_deferred_checks(checks, stream);
+        }
+    }
+
     fn note_check_node(
         &self,
         req: &CheckRequest,
@@ -1599,6 +1687,7 @@ impl Backend for GpuBackend {
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {
         self.same_device()?;
         self.settle_copy_before(req);
+        self.checks_beside_gemm(req);
         if req.call.pointer_arrays.is_some() {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
@@ -1746,26 +1835,9 @@ impl Backend for GpuBackend {
             let into_stream = copy.stream == stream.0;
             self.add_copy(copy, into_stream, true);
         }
-        let mut checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
-        // They run all at once: narrowed to share one resident wave of blocks (blocks beyond it
-        // would wait for earlier checks' slow finishing stages), split by the bytes each reads.
-        let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
-        let demands: Vec<abi::SplitDemand> = checks.iter().map(|c| c.launch.split_demand()).collect();
-        for (check, splits) in checks.iter_mut().zip(abi::plan_shared_splits(&demands, wave)) {
-            check.launch.narrow_splits(splits);
-        }
-        for check in &checks {
-            // Branches from the capture's last work (after every production kernel of a
-            // replay) and from the check's own copy.
-            if let Err(e) =
-                self.checker.launch_prepared_branch(&check.launch, stream, BranchDeps::Frontier(check.copy))
-            {
-                super::note_skip(&format!(
-                    "graph capture: deferred check not added: {}",
-                    short(&e.to_string())
-                ));
-            }
-        }
+        let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
+        // Branches from the capture's last work: after every production kernel of a replay.
+        self.add_deferred_checks(checks, stream);
         Some((graph, id))
     }
 
@@ -1975,6 +2047,39 @@ mod tests {
         assert!(d.take(100).is_empty());
         assert_eq!(d.take(101).len(), 2);
         assert_eq!(d.take(1000), vec![5]);
+    }
+
+    #[test]
+    fn deferred_checks_go_beside_a_far_larger_gemm_only() {
+        let mut d = DeferredChecks::<u32>::default();
+        let odd = |c: &u32| c % 2 == 1;
+        // Llama small's decode step: q, k, v, o (2 MiB), gate, up, down (5.8 MB), vocab (65.5 MB).
+        let (mib2, mlp, vocab) = (2u64 << 20, 5_767_168u64, 65_536_000u64);
+        assert_eq!(d.beside_gemm(3, mib2, odd), (vec![], 0), "the first GEMM: nothing before it");
+        for c in 1..=5 {
+            assert_eq!(d.push(3, c), 0);
+            assert_eq!(d.beside_gemm(3, if c < 4 { mib2 } else { mlp }, odd).0, Vec::<u32>::new());
+        }
+        assert_eq!(d.beside_gemm(3, vocab, odd), (vec![1, 3, 5], 0), "movable ones, in order");
+        assert_eq!(d.take(3), vec![2, 4], "the others wait for the end");
+        // Exactly the factor counts; just under it does not. Sizes are per capture.
+        assert_eq!(d.push(4, 1), 0);
+        assert_eq!(d.beside_gemm(4, 100, odd).0, Vec::<u32>::new());
+        assert_eq!(d.beside_gemm(5, 10_000, odd).0, Vec::<u32>::new(), "capture 5's first GEMM");
+        assert_eq!(d.beside_gemm(4, 100 * BESIDE_GEMM_FACTOR - 1, odd).0, Vec::<u32>::new());
+        assert_eq!(d.push(4, 7), 0);
+        assert_eq!(d.beside_gemm(4, 4 * (100 * BESIDE_GEMM_FACTOR - 1), odd).0, vec![1, 7]);
+        // The same-sized layers of an 8B stack never jump: everything waits for the end.
+        assert_eq!(d.push(6, 1), 0);
+        for b in [33_554_432u64, 33_554_432, 117_440_512, 117_440_512, 33_554_432] {
+            assert_eq!(d.beside_gemm(6, b, odd).0, Vec::<u32>::new());
+        }
+        assert_eq!(d.take(6), vec![1]);
+        // A new capture's entry may push out the oldest, counted.
+        for id in 100..100 + DEFERRED_CAPTURES as u64 {
+            assert_eq!(d.push(id, 9), 0);
+        }
+        assert_eq!(d.beside_gemm(200, 1, odd).1, 1, "the oldest capture's check makes room");
     }
 
     #[test]
