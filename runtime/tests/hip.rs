@@ -183,12 +183,17 @@ int hipHostGetDevicePointer(void** d, void* h, unsigned flags) {
 }
 int hipHostFree(void* p) { free(p); return 0; }
 
-/* "Device" memory is host memory from hipMalloc above. */
-int hipMemcpyHtoD(void* dst, const void* src, size_t n) { memcpy(dst, src, n); return 0; }
+/* "Device" memory is host memory from hipMalloc above. Host-to-device copies are counted by
+   the stream they take: the null stream (synchronous call) or the last async one's handle. */
+static int g_htod_null_stream = 0;
+static uintptr_t g_htod_last_stream = 0;
+int fake_htod_null_stream_copies(void) { return g_htod_null_stream; }
+uintptr_t fake_htod_last_stream(void) { return g_htod_last_stream; }
+int hipMemcpyHtoD(void* dst, const void* src, size_t n) { g_htod_null_stream++; memcpy(dst, src, n); return 0; }
 int hipMemcpyDtoH(void* dst, void* src, size_t n) { memcpy(dst, src, n); return 0; }
 int hipMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* stream) {
-  (void)stream;
-  if (kind != 3) return 21; /* only hipMemcpyDeviceToDevice is expected */
+  if (kind == 1) g_htod_last_stream = (uintptr_t)stream; /* hipMemcpyHostToDevice */
+  else if (kind != 3) return 21; /* otherwise only hipMemcpyDeviceToDevice is expected */
   memcpy(dst, src, n);
   return 0;
 }
@@ -505,6 +510,47 @@ fn memory_copies_and_fills_go_through() {
         rt.free(a).unwrap();
         rt.free(b).unwrap();
     }
+}
+
+#[test]
+fn host_to_device_copies_take_a_non_blocking_stream_of_their_own() {
+    // A copy on the null stream would wait for every blocking stream and join a capture on one
+    // of them (as CUDA's legacy stream does): the shim's copies take a stream of their own.
+    let path = &fakes().gpu6;
+    let rt = fake(path);
+    let a = rt.malloc(64).unwrap();
+    let data: Vec<u8> = (0..64).rev().collect();
+    rt.copy_to_device_sync(a, &data).unwrap();
+    let mut back = vec![0u8; 64];
+    rt.copy_to_host_sync(&mut back, a).unwrap();
+    assert_eq!(back, data);
+    // The library is loaded already (RTLD_NOLOAD): the same instance, with the fake's counters.
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; NOLOAD opens nothing new.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!handle.is_null(), "the fake is loaded");
+    let symbol = |name: &str| {
+        let c_name = CString::new(name).unwrap();
+        // SAFETY: a live handle and a valid C string.
+        let f = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
+        assert!(!f.is_null(), "{name}");
+        f
+    };
+    // SAFETY: the fake's counters, functions of no arguments with these C return types.
+    let (null_copies, last_stream) = unsafe {
+        let null_copies: unsafe extern "C" fn() -> i32 =
+            std::mem::transmute(symbol("fake_htod_null_stream_copies"));
+        let last_stream: unsafe extern "C" fn() -> usize =
+            std::mem::transmute(symbol("fake_htod_last_stream"));
+        (null_copies(), last_stream())
+    };
+    // SAFETY: the handle from dlopen above; the runtime keeps its own reference.
+    unsafe { libc::dlclose(handle) };
+    assert_eq!(null_copies, 0, "no host-to-device copy took the null stream (in any test)");
+    // The fake's handle encodes the creation: hipStreamNonBlocking (1) and priority 0.
+    assert_eq!(last_stream, 0x5000 + 0x100 + 16);
+    // SAFETY: from malloc above, not used again.
+    unsafe { rt.free(a).unwrap() };
 }
 
 #[test]

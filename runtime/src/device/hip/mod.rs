@@ -19,7 +19,7 @@
 
 use std::ffi::{c_int, c_void, CString};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use super::{
     DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Module, Stream,
@@ -64,7 +64,13 @@ pub struct HipRuntime {
     rtc: OnceLock<Result<sys::RtcLib, DeviceError>>,
     /// The comgr hipRTC loaded, found after the first program is created.
     comgr: OnceLock<sys::ComgrLib>,
+    /// The shim's non-blocking stream of each device for its synchronous host-to-device copies
+    /// (device ordinal, stream), at most [`COPY_STREAMS_MAX`] ([`HipRuntime::copy_stream`]).
+    copy_streams: Mutex<Vec<(c_int, usize)>>,
 }
+
+/// Devices whose copy stream is kept; copies on more devices take the null stream.
+const COPY_STREAMS_MAX: usize = 16;
 
 impl std::fmt::Debug for HipRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,7 +92,28 @@ impl HipRuntime {
             hiprtc_override: options.hiprtc_library.clone(),
             rtc: OnceLock::new(),
             comgr: OnceLock::new(),
+            copy_streams: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The shim's non-blocking stream of the current device for its synchronous host-to-device
+    /// copies, made at the first copy on that device; None past [`COPY_STREAMS_MAX`] devices or
+    /// if the stream cannot be made (the copy then takes the null stream, as before). HIP has
+    /// one context per device, so the device ordinal keys it (a `hipDeviceReset` by the host
+    /// would leave a dead handle: the copies then fail, which the engine counts as skips).
+    fn copy_stream(&self) -> Option<*mut c_void> {
+        let device = result::get_device(&self.hip).ok()?;
+        let mut streams = self.copy_streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, s)) = streams.iter().find(|(d, _)| *d == device) {
+            return Some(s as *mut c_void);
+        }
+        if streams.len() >= COPY_STREAMS_MAX {
+            return None;
+        }
+        // Priority 0 is the default, valid on every device.
+        let s = result::stream_create_with_priority(&self.hip, sys::HIP_STREAM_NON_BLOCKING, 0).ok()?;
+        streams.push((device, s as usize));
+        Some(s)
     }
 
     /// The file the HIP symbols were taken from.
@@ -345,6 +372,18 @@ impl GpuRuntime for HipRuntime {
     }
 
     fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        // The shim's own stream where it has one: a copy on the null stream waits for all work
+        // queued on it and on every blocking stream, and joins (so invalidates) a capture on one
+        // of those, as CUDA's legacy stream does (cuda.rs; the CUDA case verified on an H100,
+        // docs/measurements/2026-11-27-h100-copy-cost-and-checks-beside.md).
+        if let Some(s) = self.copy_stream() {
+            // SAFETY: `src` is a live slice of exactly the length passed and outlives the copy:
+            // the stream is synchronised before returning. HIP validates `dst`.
+            unsafe {
+                result::memcpy_htod_async(&self.hip, device_ptr(dst), src.as_ptr().cast(), src.len(), s)?
+            };
+            return result::stream_synchronize(&self.hip, s);
+        }
         // SAFETY: `src` is a live slice of exactly the length passed; HIP validates `dst`.
         unsafe { result::memcpy_htod(&self.hip, device_ptr(dst), src.as_ptr().cast(), src.len()) }
     }
@@ -410,7 +449,7 @@ impl GpuRuntime for HipRuntime {
         // hipRTC (with comgr) is not safe to call from two threads at once: two concurrent
         // compiles in one process crashed ROCm 5.2's (seen in this crate's tests). Kernels are
         // compiled once per program and cached, so serialising costs nothing that matters.
-        static COMPILE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        static COMPILE: Mutex<()> = Mutex::new(());
         let _serialised = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
         let c_source =
             CString::new(source).map_err(|_| compile_error("the source contains a NUL byte".into()))?;

@@ -204,6 +204,21 @@ pub unsafe fn memcpy_htod(
 }
 
 /// # Safety
+/// `src` stays readable for `bytes` bytes until the copy has run on `stream`; `dst` is a device
+/// address HIP validates.
+pub unsafe fn memcpy_htod_async(
+    hip: &HipLib,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    stream: *mut c_void,
+) -> Result<(), DeviceError> {
+    let f = need!(hip, hipMemcpyAsync);
+    // SAFETY: per this function's contract; the kind is the header's HostToDevice value.
+    check(hip, "hipMemcpyAsync", unsafe { f(dst, src, bytes, sys::HIP_MEMCPY_HOST_TO_DEVICE, stream) })
+}
+
+/// # Safety
 /// `dst` is writable for `bytes` bytes; `src` is a device address HIP validates.
 pub unsafe fn memcpy_dtoh(
     hip: &HipLib,

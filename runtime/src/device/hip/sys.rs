@@ -54,6 +54,8 @@ pub const HIP_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 pub const HIP_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
 pub const HIP_STREAM_CAPTURE_STATUS_INVALIDATED: c_int = 2;
 
+/// hipMemcpyKind::hipMemcpyHostToDevice, ROCm 5.2.3 driver_types.h (also ROCm 6.x/7.x).
+pub const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 /// hipMemcpyKind::hipMemcpyDeviceToDevice, ROCm 5.2.3 driver_types.h (also ROCm 6.x/7.x).
 pub const HIP_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 /// `#define hipHostMallocMapped 0x2`, ROCm 5.2.3 hip_runtime_api.h (also ROCm 6.x/7.x).
