@@ -330,7 +330,7 @@ struct QsSketchParams {
 // D row and row bias of sampled row t in the call's own formats. Buffer layout (byte offsets in
 // QsSnapParams): this header, the row list u64[count], then the regions.
 struct QsSnapHeader {
-    qs_u64 tag;        // launch tag, (epoch mod 2^31) + 1: never 0
+    qs_u64 tag;        // launch tag, (epoch mod 2^31) + 1: never 0 (1 from a lean copy of every row)
     qs_u64 epoch;      // row epoch the rows were drawn at
     qs_u64 scalars[5]; // codes of the device-pointer scalars: alpha, a_ts, b_ts, beta, d_scale
     qs_u64 status;     // (tag << 32) | QS_STATUS_* bits of the copy (out-of-bounds reads)

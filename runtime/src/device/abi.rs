@@ -448,7 +448,7 @@ pub struct QsSketchParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QsSnapHeader {
-    /// Launch tag, (epoch mod 2^31) + 1: never 0.
+    /// Launch tag, (epoch mod 2^31) + 1: never 0 (1 from a lean copy of every row).
     pub tag: u64,
     pub epoch: u64,
     /// Codes of the device-pointer scalars: alpha, a_ts, b_ts, beta, d_scale.

@@ -237,7 +237,8 @@ struct RowsState {
 ///
 /// Eager and captured checks have separate scratch (a side-stream check may still run when a
 /// replay starts). Eager copies take their row epoch from the host's count, captured copies
-/// from a device counter that every replay advances.
+/// of sampled rows from a device counter that every replay advances (a lean copy of every row
+/// needs no epoch and counts nothing).
 struct DetachedState {
     layout: crate::device::snapshot::SnapshotLayout,
     /// u64 row epoch counter of the copy kernel in graphs, zero at set-up.
@@ -260,19 +261,12 @@ struct DetachedState {
 }
 
 /// Captured checks waiting for the end of their capture (`Backend::capture_ending`), or for a
-/// GEMM long enough to run beside ([`DeferredChecks::beside_gemm`]), per capture id, for the
-/// latest [`DEFERRED_CAPTURES`] captures. A capture whose end the shim never sees (not ended
-/// through `cuStreamEndCapture`) leaves its checks here until newer captures push them out,
-/// counted as skipped then.
+/// far larger GEMM to run beside ([`LargestWeights`]), per capture id, for the latest
+/// [`DEFERRED_CAPTURES`] captures. A capture whose end the shim never sees (not ended through
+/// `cuStreamEndCapture`) leaves its checks here until newer captures push them out, counted as
+/// skipped then.
 struct DeferredChecks<T = DeferredCheck> {
-    captures: Vec<CaptureChecks<T>>,
-}
-
-struct CaptureChecks<T> {
-    id: u64,
-    checks: Vec<T>,
-    /// Bytes of the largest B among the capture's checked GEMMs so far.
-    largest_b: u64,
+    captures: Vec<(u64, Vec<T>)>,
 }
 
 impl<T> Default for DeferredChecks<T> {
@@ -283,15 +277,12 @@ impl<T> Default for DeferredChecks<T> {
 
 const DEFERRED_CAPTURES: usize = 8;
 
-/// A captured GEMM whose B has at least this many times the bytes of every earlier checked
-/// GEMM's B in its capture gets the deferred checks beside it: a decode step's vocabulary
-/// projection (Llama small: 65.5 MB against 5.8 MB at most before it; an 8B model's: 1 GB
-/// against 235 MB for a fused gate and up projection). Such a GEMV is long, and its checks'
-/// blocks hide behind it instead of extending the replay after its last kernel (H100,
-/// `exp88`/`exp89`: Llama small graph decode -13.6%/-12.9% -> -11.8%/-11.5% tokens/s). Beside
-/// GEMMs of the usual sizes they cost more than at the end (48-GEMM stack, beside every MLP
-/// projection: +13.7% instead of +9.9%), so the rule asks for a clear jump in size.
-const BESIDE_GEMM_FACTOR: u64 = 4;
+/// A deferred check's snapshot copy, prepared, and the check itself: both wait for the copy
+/// to be added to the capture ([`super::copy_beside`]).
+struct CopyWork {
+    copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
+    check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
+}
 
 /// A check deferred to its capture's end, and its snapshot copy's node when that copy is a
 /// branch ([`super::copy_beside`]): the check is added after it.
@@ -300,59 +291,106 @@ struct DeferredCheck {
     copy: Option<crate::device::GraphNode>,
 }
 
-/// A deferred check's snapshot copy, prepared, and the check itself: both wait for the copy
-/// to be added to the capture ([`super::copy_beside`]).
-struct CopyWork {
-    copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
-    check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
-}
-
 impl<T> DeferredChecks<T> {
-    /// The entry of capture `id`, made if new; and how many checks of older captures were
-    /// given up to make room.
-    fn entry(&mut self, id: u64) -> (&mut CaptureChecks<T>, usize) {
-        if let Some(i) = self.captures.iter().position(|c| c.id == id) {
-            return (&mut self.captures[i], 0);
-        }
-        let mut given_up = 0;
-        if self.captures.len() == DEFERRED_CAPTURES {
-            given_up = self.captures.remove(0).checks.len();
-        }
-        self.captures.push(CaptureChecks { id, checks: Vec::new(), largest_b: 0 });
-        (self.captures.last_mut().expect("just pushed"), given_up)
-    }
-
     /// Adds a check for the end of capture `id`; returns how many checks of older captures
     /// were given up to make room.
     fn push(&mut self, id: u64, check: T) -> usize {
-        let (entry, given_up) = self.entry(id);
-        entry.checks.push(check);
+        if let Some((_, checks)) = self.captures.iter_mut().find(|(c, _)| *c == id) {
+            checks.push(check);
+            return 0;
+        }
+        let mut given_up = 0;
+        if self.captures.len() == DEFERRED_CAPTURES {
+            given_up = self.captures.remove(0).1.len();
+        }
+        self.captures.push((id, vec![check]));
         given_up
     }
 
-    /// The checks deferred to the end of capture `id`, removed with the capture's entry.
+    /// The checks deferred to the end of capture `id`, removed.
     fn take(&mut self, id: u64) -> Vec<T> {
-        match self.captures.iter().position(|c| c.id == id) {
-            Some(i) => self.captures.remove(i).checks,
+        match self.captures.iter().position(|(c, _)| *c == id) {
+            Some(i) => self.captures.remove(i).1,
             None => Vec::new(),
         }
     }
 
-    /// A checked GEMM with `b_bytes` of B is about to be captured in capture `id`: the checks
-    /// to add beside it ([`BESIDE_GEMM_FACTOR`]; those `movable` says can go anywhere), and
-    /// how many checks of older captures were given up to make room for a new capture.
-    fn beside_gemm(&mut self, id: u64, b_bytes: u64, movable: impl Fn(&T) -> bool) -> (Vec<T>, usize) {
-        let (entry, given_up) = self.entry(id);
-        let jump = entry.largest_b > 0 && b_bytes / BESIDE_GEMM_FACTOR >= entry.largest_b;
-        entry.largest_b = entry.largest_b.max(b_bytes);
-        if !jump {
-            return (Vec::new(), given_up);
+    /// The checks of capture `id` that `movable` accepts, in order, removed, when there are at
+    /// least `min` of them; none otherwise.
+    fn take_movable(&mut self, id: u64, min: usize, movable: impl Fn(&T) -> bool) -> Vec<T> {
+        let Some((_, checks)) = self.captures.iter_mut().find(|(c, _)| *c == id) else { return Vec::new() };
+        if checks.iter().filter(|c| movable(c)).count() < min.max(1) {
+            return Vec::new();
         }
-        let (beside, stay): (Vec<T>, Vec<T>) =
-            std::mem::take(&mut entry.checks).into_iter().partition(movable);
-        entry.checks = stay;
-        (beside, given_up)
+        let (moved, stay): (Vec<T>, Vec<T>) = std::mem::take(checks).into_iter().partition(movable);
+        *checks = stay;
+        moved
     }
+}
+
+/// A captured GEMM whose weight has at least this many times the bytes of every earlier
+/// detached-checked GEMM's weight in its capture gets the deferred checks beside it: a decode
+/// step's vocabulary projection (Llama small: 65.5 MB against 5.8 MB at most before it; an 8B
+/// model's: 1 GB against 117 MB, or 235 MB with a fused gate and up projection). Such a GEMV is
+/// long, and the checks' blocks hide behind it instead of extending the replay after its last
+/// kernel (H100, `exp88`/`exp89`: Llama small graph decode -13.6%/-12.9% -> -11.8%/-11.5%
+/// tokens/s). Beside GEMMs of the usual sizes they cost more than at the end (48-GEMM stack,
+/// beside every MLP projection: +13.7% instead of +9.9%), so the rule asks for a clear jump in
+/// size and for [`BESIDE_MIN_CHECKS`].
+const BESIDE_GEMM_FACTOR: u64 = 4;
+
+/// Checks that must be waiting to move beside a far larger GEMM. A few moved early do not
+/// shorten the end of the replay (the checks left there still take their latency) and cost
+/// the GEMM they run beside: e.g. a fused QKV projection's checks before a fused gate and up
+/// projection 4.7x its size, or one piecewise graph's output projection before its MLP.
+const BESIDE_MIN_CHECKS: usize = 8;
+
+/// Bytes of the largest weight among each capture's detached-checked GEMMs so far, for the
+/// latest [`DEFERRED_CAPTURES`] captures (a capture's entry goes when it ends).
+#[derive(Default)]
+struct LargestWeights {
+    captures: Vec<(u64, u64)>,
+}
+
+impl LargestWeights {
+    fn note(&mut self, id: u64, bytes: u64) {
+        match self.captures.iter_mut().find(|(c, _)| *c == id) {
+            Some((_, largest)) => *largest = (*largest).max(bytes),
+            None => {
+                if self.captures.len() == DEFERRED_CAPTURES {
+                    self.captures.remove(0);
+                }
+                self.captures.push((id, bytes));
+            }
+        }
+    }
+
+    /// Whether a GEMM with a weight of `bytes` is [`BESIDE_GEMM_FACTOR`] times larger than
+    /// every earlier one of capture `id` (false for a capture's first).
+    fn is_jump(&self, id: u64, bytes: u64) -> bool {
+        self.captures
+            .iter()
+            .find(|(c, _)| *c == id)
+            .is_some_and(|&(_, largest)| largest > 0 && bytes / BESIDE_GEMM_FACTOR >= largest)
+    }
+
+    fn end(&mut self, id: u64) {
+        self.captures.retain(|(c, _)| *c != id);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.captures.is_empty()
+    }
+}
+
+/// A GEMM's weight bytes for [`LargestWeights`]; None when B is batched (one B per batch item
+/// is an activation, such as attention's keys, not a weight).
+fn weight_bytes(p: &crate::problem::GemmProblem) -> Option<u64> {
+    if p.batch > 1 && p.b.batch_stride != 0 {
+        return None;
+    }
+    let elements = usize::try_from(p.n.saturating_mul(p.k)).unwrap_or(usize::MAX);
+    Some(p.b.format.bytes_for(elements) as u64)
 }
 
 /// (sampled rows, K, N, probes): calls of this shape can share sketch scratch.
@@ -544,6 +582,8 @@ pub struct GpuBackend {
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
     /// Captured checks waiting for their capture's end.
     deferred: Mutex<DeferredChecks>,
+    /// Per capture, the largest weight checked so far (the checks-beside rule).
+    largest_weights: Mutex<LargestWeights>,
     /// Projections replaced while earlier checks may still read them.
     retired: Mutex<super::retired::Retired<SketchWeight, Event>>,
     /// Snapshot copies of deferred checks not yet ordered before later captured work.
@@ -639,6 +679,7 @@ impl GpuBackend {
             eager_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
+            largest_weights: Mutex::default(),
             retired: Mutex::default(),
             copies: Mutex::default(),
             pool_bytes: s.pool_bytes as u64,
@@ -1034,6 +1075,9 @@ impl GpuBackend {
                 // Captured: this capture's next snapshot buffer, the copy captured on the
                 // stream, the check deferred to the capture's end (the site's own scratch) or
                 // a branch after the copy (and after the capture's previous one).
+                if let Some(bytes) = weight_bytes(&req.call.problem) {
+                    self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).note(id, bytes);
+                }
                 if st.graph_capture != id {
                     st.graph_capture = id;
                     st.graph_used = 0;
@@ -1574,24 +1618,25 @@ impl GpuBackend {
         }
     }
 
-    /// Before a captured GEMM: the capture's deferred checks go beside it when its B is far
-    /// larger than every earlier one's ([`DeferredChecks::beside_gemm`]). Only checks whose
-    /// copy is a graph node move: a copy on a stream is ordered only on that stream.
+    /// Before a captured GEMM: the capture's deferred checks go beside it when its weight is
+    /// far larger than every earlier one's ([`BESIDE_GEMM_FACTOR`], [`BESIDE_MIN_CHECKS`]).
+    /// Only checks whose copy is a graph node move: a copy on a stream is ordered only on that
+    /// stream. No driver call unless a capture has noted a weight (eager calls pay nothing).
     fn checks_beside_gemm(&self, req: &CheckRequest) {
+        let Some(bytes) = weight_bytes(&req.call.problem) else { return };
+        if self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return;
+        }
         let stream = Stream(req.call.stream);
         let Ok(Some(id)) = self.runtime.capture_id(stream) else { return };
-        let p = &req.call.problem;
-        let b_elements =
-            p.n.saturating_mul(p.k).saturating_mul(if p.b.batch_stride != 0 { p.batch } else { 1 });
-        let b_bytes = p.b.format.bytes_for(usize::try_from(b_elements).unwrap_or(usize::MAX)) as u64;
-        let (checks, given_up) = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).beside_gemm(
+        if !self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).is_jump(id, bytes) {
+            return;
+        }
+        let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take_movable(
             id,
-            b_bytes,
+            BESIDE_MIN_CHECKS,
             |c: &DeferredCheck| c.copy.is_some(),
         );
-        for _ in 0..given_up {
-            super::note_skip(NEVER_ADDED);
-        }
         if !checks.is_empty() {
             // Branches from the work captured before the GEMM: they start with it.
             self.add_deferred_checks(checks, stream);
@@ -1835,6 +1880,7 @@ impl Backend for GpuBackend {
             let into_stream = copy.stream == stream.0;
             self.add_copy(copy, into_stream, true);
         }
+        self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).end(id);
         let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
         // Branches from the capture's last work: after every production kernel of a replay.
         self.add_deferred_checks(checks, stream);
@@ -2050,36 +2096,65 @@ mod tests {
     }
 
     #[test]
-    fn deferred_checks_go_beside_a_far_larger_gemm_only() {
-        let mut d = DeferredChecks::<u32>::default();
-        let odd = |c: &u32| c % 2 == 1;
+    fn checks_move_beside_a_far_larger_weight_only() {
+        let mut w = LargestWeights::default();
+        assert!(w.is_empty());
+        assert!(!w.is_jump(3, u64::MAX), "a capture's first GEMM: nothing before it");
         // Llama small's decode step: q, k, v, o (2 MiB), gate, up, down (5.8 MB), vocab (65.5 MB).
         let (mib2, mlp, vocab) = (2u64 << 20, 5_767_168u64, 65_536_000u64);
-        assert_eq!(d.beside_gemm(3, mib2, odd), (vec![], 0), "the first GEMM: nothing before it");
+        for b in [mib2, mib2, mib2, mib2, mlp, mlp, mlp] {
+            assert!(!w.is_jump(3, b));
+            w.note(3, b);
+        }
+        assert!(w.is_jump(3, vocab));
+        // Every earlier weight counts, not only the first: 450 is not 4x 300.
+        for b in [100, 300] {
+            w.note(4, b);
+        }
+        assert!(!w.is_jump(4, 450));
+        assert!(!w.is_jump(4, 4 * 300 - 1));
+        assert!(w.is_jump(4, 4 * 300), "exactly the factor counts");
+        assert!(!w.is_jump(5, 4 * 300), "sizes are per capture");
+        // The same-sized layers of an 8B stack never jump.
+        for b in [33_554_432u64, 33_554_432, 117_440_512, 117_440_512, 33_554_432] {
+            assert!(!w.is_jump(6, b));
+            w.note(6, b);
+        }
+        w.end(3);
+        assert!(!w.is_jump(3, vocab), "an ended capture forgets its sizes");
+        // Bounded: the oldest capture's sizes go first.
+        for id in 100..100 + DEFERRED_CAPTURES as u64 {
+            w.note(id, 1);
+        }
+        assert!(!w.is_jump(4, 4 * 300), "pushed out");
+        assert!(w.is_jump(100 + DEFERRED_CAPTURES as u64 - 1, 4));
+    }
+
+    #[test]
+    fn only_enough_movable_checks_move() {
+        let mut d = DeferredChecks::<u32>::default();
+        let odd = |c: &u32| c % 2 == 1;
         for c in 1..=5 {
             assert_eq!(d.push(3, c), 0);
-            assert_eq!(d.beside_gemm(3, if c < 4 { mib2 } else { mlp }, odd).0, Vec::<u32>::new());
         }
-        assert_eq!(d.beside_gemm(3, vocab, odd), (vec![1, 3, 5], 0), "movable ones, in order");
+        assert_eq!(d.take_movable(3, 4, odd), Vec::<u32>::new(), "3 movable, 4 wanted: none move");
+        assert_eq!(d.take_movable(3, 3, odd), vec![1, 3, 5], "in order");
+        assert_eq!(d.take_movable(3, 1, odd), Vec::<u32>::new(), "moved once");
         assert_eq!(d.take(3), vec![2, 4], "the others wait for the end");
-        // Exactly the factor counts; just under it does not. Sizes are per capture.
-        assert_eq!(d.push(4, 1), 0);
-        assert_eq!(d.beside_gemm(4, 100, odd).0, Vec::<u32>::new());
-        assert_eq!(d.beside_gemm(5, 10_000, odd).0, Vec::<u32>::new(), "capture 5's first GEMM");
-        assert_eq!(d.beside_gemm(4, 100 * BESIDE_GEMM_FACTOR - 1, odd).0, Vec::<u32>::new());
-        assert_eq!(d.push(4, 7), 0);
-        assert_eq!(d.beside_gemm(4, 4 * (100 * BESIDE_GEMM_FACTOR - 1), odd).0, vec![1, 7]);
-        // The same-sized layers of an 8B stack never jump: everything waits for the end.
-        assert_eq!(d.push(6, 1), 0);
-        for b in [33_554_432u64, 33_554_432, 117_440_512, 117_440_512, 33_554_432] {
-            assert_eq!(d.beside_gemm(6, b, odd).0, Vec::<u32>::new());
-        }
-        assert_eq!(d.take(6), vec![1]);
-        // A new capture's entry may push out the oldest, counted.
-        for id in 100..100 + DEFERRED_CAPTURES as u64 {
-            assert_eq!(d.push(id, 9), 0);
-        }
-        assert_eq!(d.beside_gemm(200, 1, odd).1, 1, "the oldest capture's check makes room");
+        assert_eq!(d.take_movable(9, 1, odd), Vec::<u32>::new(), "no such capture");
+    }
+
+    #[test]
+    fn a_batched_b_is_no_weight() {
+        use crate::formats::Format;
+        use crate::problem::{GemmProblem, MatrixLayout, Order};
+        let mut p = GemmProblem::row_major(2, 1000, 3000, Format::Bf16, Format::Bf16, Format::Bf16);
+        assert_eq!(weight_bytes(&p), Some(6_000_000));
+        p.batch = 4;
+        p.b = MatrixLayout::packed(Format::Bf16, Order::RowMajor, 3000, 1000);
+        assert_eq!(weight_bytes(&p), None, "one B per batch item: attention's keys, not a weight");
+        p.b.batch_stride = 0;
+        assert_eq!(weight_bytes(&p), Some(6_000_000), "one B for the batch is a weight");
     }
 
     #[test]
