@@ -3,7 +3,8 @@
 # decode overhead (-11.4% / -11.8% tokens/s in exp90) goes now that the decoder checks run
 # beside the vocabulary projection: the vocabulary projection's own duration beside 28 checks
 # (against plain), the tail after the last production kernel, and the last check's stages.
-# .gpu/main = this tree.
+# .gpu/main = this tree. Run exp90.sh first with .gpu/main = this tree and .gpu/base = 4f2d481:
+# the review fixes of 0d4218b (the checks-beside conditions, HIP copy stream) have not run on a GPU.
 source tests/gpu/common.sh
 export QUANTSHADOW_LOG=warn
 t0=$SECONDS
