@@ -380,7 +380,14 @@ impl GpuRuntime for HipRuntime {
             // SAFETY: `src` is a live slice of exactly the length passed and outlives the copy:
             // the stream is synchronised before returning. HIP validates `dst`.
             unsafe {
-                result::memcpy_htod_async(&self.hip, device_ptr(dst), src.as_ptr().cast(), src.len(), s)?
+                result::memcpy_async(
+                    &self.hip,
+                    device_ptr(dst),
+                    src.as_ptr().cast(),
+                    src.len(),
+                    sys::HIP_MEMCPY_HOST_TO_DEVICE,
+                    s,
+                )?
             };
             return result::stream_synchronize(&self.hip, s);
         }
@@ -403,7 +410,14 @@ impl GpuRuntime for HipRuntime {
         // SAFETY: the trait's contract: both are device allocations the caller keeps alive until
         // the stream reaches the copy; HIP validates the addresses and the stream handle.
         unsafe {
-            result::memcpy_dtod_async(&self.hip, device_ptr(dst), device_ptr(src), bytes, stream_ptr(stream))
+            result::memcpy_async(
+                &self.hip,
+                device_ptr(dst),
+                device_ptr(src),
+                bytes,
+                sys::HIP_MEMCPY_DEVICE_TO_DEVICE,
+                stream_ptr(stream),
+            )
         }
     }
 

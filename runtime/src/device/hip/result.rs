@@ -204,21 +204,6 @@ pub unsafe fn memcpy_htod(
 }
 
 /// # Safety
-/// `src` stays readable for `bytes` bytes until the copy has run on `stream`; `dst` is a device
-/// address HIP validates.
-pub unsafe fn memcpy_htod_async(
-    hip: &HipLib,
-    dst: *mut c_void,
-    src: *const c_void,
-    bytes: usize,
-    stream: *mut c_void,
-) -> Result<(), DeviceError> {
-    let f = need!(hip, hipMemcpyAsync);
-    // SAFETY: per this function's contract; the kind is the header's HostToDevice value.
-    check(hip, "hipMemcpyAsync", unsafe { f(dst, src, bytes, sys::HIP_MEMCPY_HOST_TO_DEVICE, stream) })
-}
-
-/// # Safety
 /// `dst` is writable for `bytes` bytes; `src` is a device address HIP validates.
 pub unsafe fn memcpy_dtoh(
     hip: &HipLib,
@@ -231,18 +216,22 @@ pub unsafe fn memcpy_dtoh(
     check(hip, "hipMemcpyDtoH", unsafe { f(dst, src, bytes) })
 }
 
+/// `hipMemcpyAsync` of `kind` (`sys::HIP_MEMCPY_*`).
+///
 /// # Safety
-/// Both addresses are device memory valid for `bytes` bytes until the copy has run.
-pub unsafe fn memcpy_dtod_async(
+/// `dst` and `src` are valid for `bytes` bytes, as `kind` says where each lives, until the copy
+/// has run on `stream`.
+pub unsafe fn memcpy_async(
     hip: &HipLib,
     dst: *mut c_void,
     src: *const c_void,
     bytes: usize,
+    kind: c_int,
     stream: *mut c_void,
 ) -> Result<(), DeviceError> {
     let f = need!(hip, hipMemcpyAsync);
-    // SAFETY: per this function's contract; the kind is the header's DeviceToDevice value.
-    check(hip, "hipMemcpyAsync", unsafe { f(dst, src, bytes, sys::HIP_MEMCPY_DEVICE_TO_DEVICE, stream) })
+    // SAFETY: per this function's contract.
+    check(hip, "hipMemcpyAsync", unsafe { f(dst, src, bytes, kind, stream) })
 }
 
 /// # Safety
