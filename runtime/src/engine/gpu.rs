@@ -1666,14 +1666,26 @@ impl GpuBackend {
 
 /// The bytes a call writes, for a pending copy deciding whether it may run beside the call:
 /// D, or None (unknown: never beside) for pointer arrays, inputs that fault injection rewrites in
-/// place around the call, and an amax output.
+/// place around the call, an amax output, and C overwritten in place (the shim first copies C
+/// into a buffer of the site's own, which a pending copy of the same site may be reading).
 fn call_writes(req: &CheckRequest) -> Option<Span> {
-    if req.call.pointer_arrays.is_some() || req.rewrites_inputs || req.call.buffers.amax_d != 0 {
+    if req.call.pointer_arrays.is_some()
+        || req.rewrites_inputs
+        || req.call.buffers.amax_d != 0
+        || overwrites_c_in_place(req)
+    {
         return None;
     }
     let p = &req.call.problem;
     let bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize) as u64;
     Some((req.call.buffers.d, req.call.buffers.d.saturating_add(bytes)))
+}
+
+/// Whether the call reads C and writes D over it (beta may be non-zero): the shim copies C
+/// first ([`Backend::before_call`]).
+fn overwrites_c_in_place(req: &CheckRequest) -> bool {
+    let p = &req.call.problem;
+    p.c.is_some() && req.call.buffers.c == req.call.buffers.d && p.beta != crate::problem::Scalar::Host(0.0)
 }
 
 /// Byte ranges a check's snapshot copy reads: A, A's scales, C, D, the row bias and the
@@ -1736,13 +1748,10 @@ impl Backend for GpuBackend {
         if req.call.pointer_arrays.is_some() {
             return Err(Skip::new("batched pointer arrays are not checked on the GPU yet"));
         }
-        let p = &req.call.problem;
-        let in_place = p.c.is_some()
-            && req.call.buffers.c == req.call.buffers.d
-            && p.beta != crate::problem::Scalar::Host(0.0);
-        if !in_place {
+        if !overwrites_c_in_place(req) {
             return Ok(PreCall::default());
         }
+        let p = &req.call.problem;
         let _relaxed = RelaxedCapture::new(self.runtime.as_ref());
         // The call overwrites C with D: copy C first (on the call's stream, so the copy is
         // ordered before the call and is recorded into a capture like the check itself).
@@ -2056,6 +2065,17 @@ mod tests {
         assert_eq!(writes(&call, true), None, "fault injection rewrites the inputs in place");
         call.buffers.amax_d = 0x20000;
         assert_eq!(writes(&call, false), None, "an amax output is written too");
+        call.buffers.amax_d = 0;
+        // D over C (beta 1): the shim's copy of C goes into a buffer a pending copy may read.
+        call.problem.c = Some(call.problem.d);
+        call.problem.beta = crate::problem::Scalar::Host(1.0);
+        call.buffers.c = call.buffers.d;
+        assert_eq!(writes(&call, false), None, "C copied first, in place");
+        call.problem.beta = crate::problem::Scalar::Host(0.0);
+        assert!(writes(&call, false).is_some(), "beta 0: C is not read, nothing copied");
+        call.problem.beta = crate::problem::Scalar::Host(1.0);
+        call.buffers.c = 0x30000;
+        assert!(writes(&call, false).is_some(), "C apart from D: not overwritten");
     }
 
     #[test]
