@@ -227,8 +227,9 @@ struct RowsState {
 ///   check, a branch that the next captured GEMM may run beside ([`super::copy_beside`]). Each captured call of
 ///   the site within one capture gets its own snapshot buffer (buffers are reused by later
 ///   captures: graphs launched on one stream run one after the other). The check is added
-///   when the capture ends, after its last work, or beside a far larger GEMM captured later
-///   (a vocabulary projection, [`BESIDE_GEMM_FACTOR`]) ([`DeferredChecks`]), with the site's own
+///   when the capture ends, after its last work (a stream's last checked GEMM: right after
+///   its copy), or beside a far larger GEMM captured later (a vocabulary projection,
+///   [`BESIDE_GEMM_FACTOR`]) ([`DeferredChecks`]), with the site's own
 ///   scratch: the checks of a replay then run side by side after its production kernels
 ///   instead of beside them (a check beside a decode GEMV slowed it by ~2.5 us on an H100). A
 ///   site called again in the same capture (its own scratch taken) gets a graph branch right
@@ -289,6 +290,11 @@ struct CopyWork {
 struct DeferredCheck {
     launch: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
     copy: Option<crate::device::GraphNode>,
+    /// The copy was still pending when its capture ended: no checked GEMM of its stream came
+    /// after its GEMM, so the check may start right after the copy, beside the capture's last
+    /// kernels (a decode step's argmax and token bookkeeping after the vocabulary projection),
+    /// instead of after all of them.
+    last_gemm: bool,
 }
 
 impl<T> DeferredChecks<T> {
@@ -1148,7 +1154,7 @@ impl GpuBackend {
                             continue;
                         }
                         let into_stream = old.stream == stream.0;
-                        self.add_copy(old, into_stream, true);
+                        self.add_copy(old, into_stream, true, false);
                     }
                     st.graph_used += 1;
                     if let Some((_, capture)) = own {
@@ -1163,7 +1169,7 @@ impl GpuBackend {
                 st.graph_used += 1;
                 if let Some((_, capture)) = own {
                     *capture = id;
-                    let check = DeferredCheck { launch: check, copy: None };
+                    let check = DeferredCheck { launch: check, copy: None, last_gemm: false };
                     let given_up = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(id, check);
                     for _ in 0..given_up {
                         super::note_skip(NEVER_ADDED);
@@ -1544,7 +1550,7 @@ impl GpuBackend {
             }
             _ => {
                 drop(copies);
-                self.add_copy(copy, true, true);
+                self.add_copy(copy, true, true, false);
             }
         }
     }
@@ -1560,14 +1566,14 @@ impl GpuBackend {
             return;
         }
         let retro = !copy.beside;
-        self.add_copy(copy, true, retro);
+        self.add_copy(copy, true, retro, false);
     }
 
     /// Adds a pending copy after its GEMM's nodes; with `retro`, in front of everything
     /// captured after them; with `into_stream`, before the stream's next work too. Its check
     /// then waits for the capture's end. A copy that cannot be added and ordered takes its
     /// check with it (counted).
-    fn add_copy(&self, copy: PendingCopy<CopyWork>, into_stream: bool, retro: bool) {
+    fn add_copy(&self, copy: PendingCopy<CopyWork>, into_stream: bool, retro: bool, last_gemm: bool) {
         let stream = Stream(copy.stream);
         let added = self
             .checker
@@ -1578,7 +1584,7 @@ impl GpuBackend {
             });
         match added {
             Ok(node) => {
-                let check = DeferredCheck { launch: copy.work.check, copy: Some(node) };
+                let check = DeferredCheck { launch: copy.work.check, copy: Some(node), last_gemm };
                 let given_up =
                     self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(copy.capture, check);
                 for _ in 0..given_up {
@@ -1597,9 +1603,10 @@ impl GpuBackend {
     }
 
     /// Adds deferred checks as branches from the capture's current work on `stream` and from
-    /// each check's own copy. They run all at once: narrowed to share one resident wave of
-    /// blocks (blocks beyond it would wait for earlier checks' slow finishing stages), split by
-    /// the bytes each reads.
+    /// each check's own copy (only from the copy for the check of a stream's last GEMM,
+    /// [`DeferredCheck::last_gemm`]). They run all at once: narrowed to share one resident wave
+    /// of blocks (blocks beyond it would wait for earlier checks' slow finishing stages), split
+    /// by the bytes each reads.
     fn add_deferred_checks(&self, mut checks: Vec<DeferredCheck>, stream: Stream) {
         let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
         let demands: Vec<abi::SplitDemand> = checks.iter().map(|c| c.launch.split_demand()).collect();
@@ -1607,9 +1614,12 @@ impl GpuBackend {
             check.launch.narrow_splits(splits);
         }
         for check in &checks {
-            if let Err(e) =
-                self.checker.launch_prepared_branch(&check.launch, stream, BranchDeps::Frontier(check.copy))
-            {
+            let copy_only = check.copy.filter(|_| check.last_gemm);
+            let deps = match &copy_only {
+                Some(copy) => BranchDeps::Exactly(std::slice::from_ref(copy)),
+                None => BranchDeps::Frontier(check.copy),
+            };
+            if let Err(e) = self.checker.launch_prepared_branch(&check.launch, stream, deps) {
                 super::note_skip(&format!(
                     "graph capture: deferred check not added: {}",
                     short(&e.to_string())
@@ -1883,15 +1893,17 @@ impl Backend for GpuBackend {
             }
             return None;
         };
-        // Copies still pending go in front of everything captured after their GEMMs.
+        // Copies still pending go in front of everything captured after their GEMMs. Theirs
+        // are the last checked GEMMs of their streams: their checks start after the copies.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
         for copy in pending {
             let into_stream = copy.stream == stream.0;
-            self.add_copy(copy, into_stream, true);
+            self.add_copy(copy, into_stream, true, true);
         }
         self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).end(id);
         let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
-        // Branches from the capture's last work: after every production kernel of a replay.
+        // Branches from the capture's last work: after every production kernel of a replay
+        // (the last GEMMs' checks: after their copies, beside the kernels after them).
         self.add_deferred_checks(checks, stream);
         Some((graph, id))
     }
