@@ -290,10 +290,11 @@ struct CopyWork {
 struct DeferredCheck {
     launch: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
     copy: Option<crate::device::GraphNode>,
-    /// The copy was still pending when its capture ended: no checked GEMM of its stream came
-    /// after its GEMM, so the check may start right after the copy, beside the capture's last
-    /// kernels (a decode step's argmax and token bookkeeping after the vocabulary projection),
-    /// instead of after all of them.
+    /// The copy was still pending when its capture ended: no later GEMM of its stream reached
+    /// `before_call` (which settles a pending copy), so no later checked GEMM came, and the
+    /// check may start right after the copy, beside the capture's last kernels (a decode
+    /// step's argmax and token bookkeeping after the vocabulary projection), instead of after
+    /// all of them. On any stream of the capture, not only the one whose capture ends.
     last_gemm: bool,
 }
 
@@ -1893,8 +1894,8 @@ impl Backend for GpuBackend {
             }
             return None;
         };
-        // Copies still pending go in front of everything captured after their GEMMs. Theirs
-        // are the last checked GEMMs of their streams: their checks start after the copies.
+        // Copies still pending go in front of everything captured after their GEMMs. No later
+        // GEMM of their streams reached before_call: their checks start after the copies.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
         for copy in pending {
             let into_stream = copy.stream == stream.0;
