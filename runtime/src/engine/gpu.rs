@@ -353,21 +353,24 @@ const BESIDE_GEMM_FACTOR: u64 = 4;
 const BESIDE_MIN_CHECKS: usize = 8;
 
 /// Bytes of the largest weight among each capture's detached-checked GEMMs so far, for the
-/// latest [`DEFERRED_CAPTURES`] captures (a capture's entry goes when it ends).
+/// latest [`DEFERRED_CAPTURES`] captures. A capture's entry goes when it ends, or, when it ends
+/// invalidated (its id no longer known), when a capture on the stream of its first GEMM ends:
+/// while any entry is left, every checked call asks the driver whether it is captured.
 #[derive(Default)]
 struct LargestWeights {
-    captures: Vec<(u64, u64)>,
+    /// (capture id, stream of its first noted GEMM, largest weight bytes).
+    captures: Vec<(u64, u64, u64)>,
 }
 
 impl LargestWeights {
-    fn note(&mut self, id: u64, bytes: u64) {
-        match self.captures.iter_mut().find(|(c, _)| *c == id) {
-            Some((_, largest)) => *largest = (*largest).max(bytes),
+    fn note(&mut self, id: u64, stream: u64, bytes: u64) {
+        match self.captures.iter_mut().find(|(c, _, _)| *c == id) {
+            Some((_, _, largest)) => *largest = (*largest).max(bytes),
             None => {
                 if self.captures.len() == DEFERRED_CAPTURES {
                     self.captures.remove(0);
                 }
-                self.captures.push((id, bytes));
+                self.captures.push((id, stream, bytes));
             }
         }
     }
@@ -377,12 +380,14 @@ impl LargestWeights {
     fn is_jump(&self, id: u64, bytes: u64) -> bool {
         self.captures
             .iter()
-            .find(|(c, _)| *c == id)
-            .is_some_and(|&(_, largest)| largest > 0 && bytes / BESIDE_GEMM_FACTOR >= largest)
+            .find(|(c, _, _)| *c == id)
+            .is_some_and(|&(_, _, largest)| largest > 0 && bytes / BESIDE_GEMM_FACTOR >= largest)
     }
 
-    fn end(&mut self, id: u64) {
-        self.captures.retain(|(c, _)| *c != id);
+    /// A capture on `stream` ends: capture `id` (None: invalidated, id unknown) and any capture
+    /// first noted on that stream are over (a stream captures one graph at a time).
+    fn end(&mut self, id: Option<u64>, stream: u64) {
+        self.captures.retain(|&(c, s, _)| Some(c) != id && s != stream);
     }
 
     fn is_empty(&self) -> bool {
@@ -1083,7 +1088,7 @@ impl GpuBackend {
                 // stream, the check deferred to the capture's end (the site's own scratch) or
                 // a branch after the copy (and after the capture's previous one).
                 if let Some(bytes) = weight_bytes(&req.call.problem) {
-                    self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).note(id, bytes);
+                    self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).note(id, stream.0, bytes);
                 }
                 if st.graph_capture != id {
                     st.graph_capture = id;
@@ -1886,7 +1891,10 @@ impl Backend for GpuBackend {
 
     fn capture_ending(&self, stream: u64) -> Option<(u64, u64)> {
         let stream = Stream(stream);
-        let Ok(Some((id, graph))) = self.runtime.capture_graph(stream) else {
+        let captured = self.runtime.capture_graph(stream);
+        let ended = captured.as_ref().ok().and_then(|c| c.map(|(id, _)| id));
+        self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).end(ended, stream.0);
+        let Ok(Some((id, graph))) = captured else {
             // An invalidated capture ends with nothing to add to: its copy pending on this
             // stream goes, counted (its deferred checks are counted when pushed out).
             if self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0).is_some() {
@@ -1901,7 +1909,6 @@ impl Backend for GpuBackend {
             let into_stream = copy.stream == stream.0;
             self.add_copy(copy, into_stream, true, true);
         }
-        self.largest_weights.lock().unwrap_or_else(|e| e.into_inner()).end(id);
         let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
         // Branches from the capture's last work: after every production kernel of a replay
         // (the last GEMMs' checks: after their copies, beside the kernels after them).
@@ -2137,12 +2144,12 @@ mod tests {
         let (mib2, mlp, vocab) = (2u64 << 20, 5_767_168u64, 65_536_000u64);
         for b in [mib2, mib2, mib2, mib2, mlp, mlp, mlp] {
             assert!(!w.is_jump(3, b));
-            w.note(3, b);
+            w.note(3, 70, b);
         }
         assert!(w.is_jump(3, vocab));
         // Every earlier weight counts, not only the first: 450 is not 4x 300.
         for b in [100, 300] {
-            w.note(4, b);
+            w.note(4, 71, b);
         }
         assert!(!w.is_jump(4, 450));
         assert!(!w.is_jump(4, 4 * 300 - 1));
@@ -2151,13 +2158,17 @@ mod tests {
         // The same-sized layers of an 8B stack never jump.
         for b in [33_554_432u64, 33_554_432, 117_440_512, 117_440_512, 33_554_432] {
             assert!(!w.is_jump(6, b));
-            w.note(6, b);
+            w.note(6, 72, b);
         }
-        w.end(3);
+        w.end(Some(3), 99);
         assert!(!w.is_jump(3, vocab), "an ended capture forgets its sizes");
+        assert!(w.is_jump(4, 4 * 300), "only its own");
+        // An invalidated capture's id is unknown at its end: its stream tells.
+        w.end(None, 72);
+        assert!(!w.is_jump(6, u64::MAX), "capture 6 was first noted on stream 72");
         // Bounded: the oldest capture's sizes go first.
         for id in 100..100 + DEFERRED_CAPTURES as u64 {
-            w.note(id, 1);
+            w.note(id, id, 1);
         }
         assert!(!w.is_jump(4, 4 * 300), "pushed out");
         assert!(w.is_jump(100 + DEFERRED_CAPTURES as u64 - 1, 4));
