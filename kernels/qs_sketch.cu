@@ -1186,15 +1186,22 @@ QS_DEVICE qs_u32 qs_snap_status(const QsSnapHeader* h) {
 // compared the weight samples while its projections loaded (qs_sketch_claim_early).
 QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm, bool valid, qs_u64 epoch,
                                       bool claimed_early = false) {
-    // The ring claim (a read of host memory and a device CAS) runs on warp 1 while the other
+    // The ring claim (a read of host memory and a device CAS) runs on warp 2 while the other
     // warps read the totals: its round trips overlap theirs.
     // The weight samples are compared here too, where their round trip overlaps the claim's
     // and the totals' (at the start of a block it held that block, and with it a group, back).
+    // The slot is zeroed before any of them, and each thread's totals word is loaded before its
+    // other loads: the slot's barriers after them held the totals' loads behind the claim's
+    // and the samples' round trips (read of the code, session 21; not yet timed).
     __shared__ qs_u64 ticket;
     __shared__ int claimed, weight_changed;
     __shared__ qs_u32 status_word;
     if (threadIdx.x == 0) weight_changed = 0;
-    __syncthreads();
+    QsResultSlot* slot = &sm.slot;
+    qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);  // its barriers publish weight_changed too
+    constexpr unsigned TOTAL_WORDS = sizeof(QsSketchTotals) / 8;
+    qs_u64* tw = (qs_u64*)P.totals_ptr;
+    const qs_u64 total_word = threadIdx.x < TOTAL_WORDS ? qs_ldcg_u64(tw + threadIdx.x) : 0;
     // The status word (and a snapshot's) and the row epoch on their own threads, so that their
     // round trips overlap the totals' instead of following them on thread 0. Every block
     // flagged and read its epoch before its last-block count.
@@ -1212,12 +1219,13 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
     if (!claimed_early && P.snapshot_ptr && P.g.b.ptr && threadIdx.x < QS_WEIGHT_SAMPLES &&
         qs_weight_sample(P.g.b, threadIdx.x) != ((const qs_u32*)P.snapshot_ptr)[threadIdx.x])
         weight_changed = 1;
-    QsResultSlot* slot = &sm.slot;
-    qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);
-    qs_u64* tw = (qs_u64*)P.totals_ptr;
-    for (unsigned w = threadIdx.x; w < sizeof(QsSketchTotals) / 8; w += blockDim.x) {
+    if (threadIdx.x < TOTAL_WORDS) {
+        sm.totals[threadIdx.x] = total_word;
+        tw[threadIdx.x] = 0;  // ready for the next launch
+    }
+    for (unsigned w = threadIdx.x + blockDim.x; w < TOTAL_WORDS; w += blockDim.x) {  // fewer threads than words
         sm.totals[w] = qs_ldcg_u64(tw + w);
-        tw[w] = 0;  // ready for the next launch
+        tw[w] = 0;
     }
     __syncthreads();
     const QsSketchTotals& tot = *(const QsSketchTotals*)sm.totals;
