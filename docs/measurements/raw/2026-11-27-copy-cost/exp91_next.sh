@@ -6,7 +6,9 @@
 # - 0d4218b: the beside rule needs 8 movable checks, notes weights only, keeps its sizes apart;
 # - a call that overwrites C in place never runs beside a pending copy;
 # - the check of a stream's last checked GEMM starts right after its copy at the capture's end
-#   (beside the argmax and token kernels after the vocabulary projection).
+#   (beside the argmax and token kernels after the vocabulary projection);
+# - kernels/qs_sketch.cu: the check's finish zeroes its slot before the claim and sample loads and
+#   loads the totals first (every sketch check; the selftest below must pass before any timing).
 # Expected: selftests pass, tokens identical, 8452 checked and 1 skipped per Llama run; main at
 # least as fast as mid on Llama small (the last item is the one that may gain).
 source tests/gpu/common.sh
