@@ -1457,7 +1457,10 @@ QS_DEVICE void qs_sketch_check_body(const QsSketchParams& P, bool valid, QsSketc
     if (!qs_last_block(&counters[gi], S)) return;
     qs_sketch_finish_group<KP>(P, sm, t, row, active, lane, warp);
     QS_TM_MARK(tm_group);
-    if (!qs_last_block(&counters[G], G)) return;
+    // One group (up to 8 sampled rows: decode) is its own last: no second count (a fence, an
+    // atomic and a fence on the check's critical path). finish_check reads the totals this
+    // block's threads added to only after barriers (qs_slot_init's), which order those adds.
+    if (G > 1 && !qs_last_block(&counters[G], G)) return;
     QS_TM_MARK(tm_final);
     qs_sketch_finish_check(P, sm, valid, epoch);
     QS_TM_MARK(tm_claim);
