@@ -8,7 +8,8 @@
 # - the check of a stream's last checked GEMM starts right after its copy at the capture's end
 #   (beside the argmax and token kernels after the vocabulary projection);
 # - kernels/qs_sketch.cu: the check's finish zeroes its slot before the claim and sample loads and
-#   loads the totals first (every sketch check; the selftest below must pass before any timing).
+#   loads the totals first (every sketch check; the selftest below must pass before any timing),
+#   and a check of one row group (decode) skips the second last-block count.
 # Expected: selftests pass, tokens identical, 8452 checked and 1 skipped per Llama run; main at
 # least as fast as mid on Llama small (the last item is the one that may gain).
 source tests/gpu/common.sh
