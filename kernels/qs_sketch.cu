@@ -1198,7 +1198,10 @@ QS_DEVICE void qs_sketch_finish_check(const QsSketchParams& P, QsSketchSmem& sm,
     __shared__ qs_u32 status_word;
     if (threadIdx.x == 0) weight_changed = 0;
     QsResultSlot* slot = &sm.slot;
-    qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);  // its barriers publish weight_changed too
+    // Its barriers publish weight_changed, and they order this block's own totals adds (and row
+    // records) before the loads below: a check of one group has no second last-block count
+    // (qs_sketch_check_body), so these barriers must stay ahead of the totals' loads.
+    qs_slot_init(slot, P.tag, P.tag2, QS_CHECK_SKETCH);
     constexpr unsigned TOTAL_WORDS = sizeof(QsSketchTotals) / 8;
     qs_u64* tw = (qs_u64*)P.totals_ptr;
     const qs_u64 total_word = threadIdx.x < TOTAL_WORDS ? qs_ldcg_u64(tw + threadIdx.x) : 0;
