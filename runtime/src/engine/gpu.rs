@@ -290,12 +290,6 @@ struct CopyWork {
 struct DeferredCheck {
     launch: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
     copy: Option<crate::device::GraphNode>,
-    /// The copy was still pending when its capture ended: no later GEMM of its stream reached
-    /// `before_call` (which settles a pending copy), so no later checked GEMM came, and the
-    /// check may start right after the copy, beside the capture's last kernels (a decode
-    /// step's argmax and token bookkeeping after the vocabulary projection), instead of after
-    /// all of them. On any stream of the capture, not only the one whose capture ends.
-    last_gemm: bool,
 }
 
 impl<T> DeferredChecks<T> {
@@ -1160,7 +1154,7 @@ impl GpuBackend {
                             continue;
                         }
                         let into_stream = old.stream == stream.0;
-                        self.add_copy(old, into_stream, true, false);
+                        self.add_copy(old, into_stream, true);
                     }
                     st.graph_used += 1;
                     if let Some((_, capture)) = own {
@@ -1175,7 +1169,7 @@ impl GpuBackend {
                 st.graph_used += 1;
                 if let Some((_, capture)) = own {
                     *capture = id;
-                    let check = DeferredCheck { launch: check, copy: None, last_gemm: false };
+                    let check = DeferredCheck { launch: check, copy: None };
                     let given_up = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(id, check);
                     for _ in 0..given_up {
                         super::note_skip(NEVER_ADDED);
@@ -1556,7 +1550,7 @@ impl GpuBackend {
             }
             _ => {
                 drop(copies);
-                self.add_copy(copy, true, true, false);
+                self.add_copy(copy, true, true);
             }
         }
     }
@@ -1572,14 +1566,19 @@ impl GpuBackend {
             return;
         }
         let retro = !copy.beside;
-        self.add_copy(copy, true, retro, false);
+        self.add_copy(copy, true, retro);
     }
 
     /// Adds a pending copy after its GEMM's nodes; with `retro`, in front of everything
     /// captured after them; with `into_stream`, before the stream's next work too. Its check
     /// then waits for the capture's end. A copy that cannot be added and ordered takes its
     /// check with it (counted).
-    fn add_copy(&self, copy: PendingCopy<CopyWork>, into_stream: bool, retro: bool, last_gemm: bool) {
+    fn add_copy(
+        &self,
+        copy: PendingCopy<CopyWork>,
+        into_stream: bool,
+        retro: bool,
+    ) -> Option<crate::device::GraphNode> {
         let stream = Stream(copy.stream);
         let added = self
             .checker
@@ -1590,12 +1589,13 @@ impl GpuBackend {
             });
         match added {
             Ok(node) => {
-                let check = DeferredCheck { launch: copy.work.check, copy: Some(node), last_gemm };
+                let check = DeferredCheck { launch: copy.work.check, copy: Some(node) };
                 let given_up =
                     self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(copy.capture, check);
                 for _ in 0..given_up {
                     super::note_skip(NEVER_ADDED);
                 }
+                Some(node)
             }
             // The failing call and its status (a few distinct texts: skips are counted by reason).
             Err(e) => {
@@ -1603,27 +1603,32 @@ impl GpuBackend {
                 let why: String = e.split('(').next().unwrap_or("").trim().chars().take(120).collect();
                 super::note_skip(&format!(
                     "graph capture: snapshot copy not added or not ordered (check dropped): {why}"
-                ))
+                ));
+                None
             }
         }
     }
 
     /// Adds deferred checks as branches from the capture's current work on `stream` and from
-    /// each check's own copy (only from the copy for the check of a stream's last GEMM,
-    /// [`DeferredCheck::last_gemm`]). They run all at once: narrowed to share one resident wave
-    /// of blocks (blocks beyond it would wait for earlier checks' slow finishing stages), split
-    /// by the bytes each reads.
-    fn add_deferred_checks(&self, mut checks: Vec<DeferredCheck>, stream: Stream) {
+    /// each check's own copy; a check whose copy is in `copy_only` branches from that copy
+    /// alone. They run all at once: narrowed to share one resident wave of blocks (blocks
+    /// beyond it would wait for earlier checks' slow finishing stages), split by the bytes each
+    /// reads.
+    fn add_deferred_checks(
+        &self,
+        mut checks: Vec<DeferredCheck>,
+        stream: Stream,
+        copy_only: &[crate::device::GraphNode],
+    ) {
         let wave = abi::SKETCH_BLOCKS_PER_SM * self.checker.info.multiprocessors.max(1) as u64;
         let demands: Vec<abi::SplitDemand> = checks.iter().map(|c| c.launch.split_demand()).collect();
         for (check, splits) in checks.iter_mut().zip(abi::plan_shared_splits(&demands, wave)) {
             check.launch.narrow_splits(splits);
         }
         for check in &checks {
-            let copy_only = check.copy.filter(|_| check.last_gemm);
-            let deps = match &copy_only {
-                Some(copy) => BranchDeps::Exactly(std::slice::from_ref(copy)),
-                None => BranchDeps::Frontier(check.copy),
+            let deps = match &check.copy {
+                Some(copy) if copy_only.contains(copy) => BranchDeps::Exactly(std::slice::from_ref(copy)),
+                _ => BranchDeps::Frontier(check.copy),
             };
             if let Err(e) = self.checker.launch_prepared_branch(&check.launch, stream, deps) {
                 super::note_skip(&format!(
@@ -1655,7 +1660,7 @@ impl GpuBackend {
         );
         if !checks.is_empty() {
             // Branches from the work captured before the GEMM: they start with it.
-            self.add_deferred_checks(checks, stream);
+            self.add_deferred_checks(checks, stream, &[]);
         }
     }
 
@@ -1903,16 +1908,22 @@ impl Backend for GpuBackend {
             return None;
         };
         // Copies still pending go in front of everything captured after their GEMMs. No later
-        // GEMM of their streams reached before_call: their checks start after the copies.
+        // GEMM of their streams reached before_call (which settles a pending copy), so theirs
+        // are the last checked GEMMs: their checks start right after the copies, beside the
+        // capture's last kernels (a decode step's argmax and token bookkeeping after the
+        // vocabulary projection) instead of after them.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
-        for copy in pending {
-            let into_stream = copy.stream == stream.0;
-            self.add_copy(copy, into_stream, true, true);
-        }
+        let last_copies: Vec<crate::device::GraphNode> = pending
+            .into_iter()
+            .filter_map(|copy| {
+                let into_stream = copy.stream == stream.0;
+                self.add_copy(copy, into_stream, true)
+            })
+            .collect();
         let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
-        // Branches from the capture's last work: after every production kernel of a replay
-        // (the last GEMMs' checks: after their copies, beside the kernels after them).
-        self.add_deferred_checks(checks, stream);
+        // The others branch from the capture's last work: after every production kernel of a
+        // replay.
+        self.add_deferred_checks(checks, stream, &last_copies);
         Some((graph, id))
     }
 
