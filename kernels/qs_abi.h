@@ -358,6 +358,27 @@ struct QsSnapParams {
     qs_u64 epoch_counter_ptr;
 };
 
+// qs_sketch_snap_all: the copy of every row (QS_ROWS_ALL: decode) for the calls the lean copy
+// serves (snapshot.rs `lean_copy`), format-free: whole 16-byte vectors of each op(A) row and D row
+// into the same snapshot layout (QsSnapHeader with tag 1, row list t -> t, regions). Grid (rows,
+// chunks), QS_BLOCK threads: block (t, c) copies slice c of row t. The host computes what the
+// header holds besides the device-pointer scalars.
+struct QsSnapAllParams {
+    qs_u64 a_ptr;      // op(A) row 0
+    qs_u64 a_ld_bytes; // bytes from one op(A) row to the next
+    qs_u64 d_ptr;      // D row 0
+    qs_u64 d_ld_bytes;
+    qs_u64 out_ptr;    // snapshot buffer
+    QsSnapRegion a, d;
+    qs_u64 epoch;          // header epoch
+    qs_u64 status;         // header status word: (1 << 32) | QS_STATUS_* bits
+    qs_u64 scalar_ptr[5];  // device-pointer scalars (alpha, a_ts, b_ts, beta, d_scale); 0: none
+    qs_u32 scalar_bits[5]; // their element widths (4, 8, 16 or 32)
+    qs_u32 rows;           // rows to copy: t < rows (the grid may have more)
+    qs_u32 a_bytes;        // bytes of one op(A) row, a multiple of 16
+    qs_u32 d_bytes;        // bytes of one D row, a multiple of 16
+};
+
 // qs_compare_{d} and qs_compare_logits_{d}: D rows vs the f32 reference rows. Grid-stride over
 // the rows: any grid.x; QS_BLOCK threads. The logits variant always takes a block per row.
 struct QsCompareParams {
@@ -484,6 +505,7 @@ static_assert(sizeof(QsWprojParams) == 184, "QsWprojParams");
 static_assert(sizeof(QsSketchParams) == 776, "QsSketchParams");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
 static_assert(sizeof(QsSnapParams) == 672, "QsSnapParams");
+static_assert(sizeof(QsSnapAllParams) == 160, "QsSnapAllParams");
 static_assert(sizeof(QsCompareParams) == 272, "QsCompareParams");
 static_assert(sizeof(QsSelftestParams) == 152, "QsSelftestParams");
 static_assert(sizeof(QsSums) == 88, "QsSums");
@@ -509,6 +531,8 @@ static_assert(QS_OFF(QsResultSlot, reserved) == 1032, "slot reserved");
 static_assert(QS_OFF(QsRefParams, rows) == 512 && QS_OFF(QsRefParams, out_ptr) == 584, "QsRefParams");
 static_assert(QS_OFF(QsPrepParams, bias) == 64 && QS_OFF(QsPrepParams, k) == 88, "QsPrepParams");
 static_assert(QS_OFF(QsWprojParams, k_dim) == 112 && QS_OFF(QsWprojParams, kp) == 160, "QsWprojParams");
+static_assert(QS_OFF(QsSnapAllParams, epoch) == 72 && QS_OFF(QsSnapAllParams, scalar_bits) == 128, "QsSnapAllParams");
+static_assert(QS_OFF(QsSnapAllParams, rows) == 148 && QS_OFF(QsSnapAllParams, d_bytes) == 156, "QsSnapAllParams");
 static_assert(QS_OFF(QsSketchParams, ring) == 584 && QS_OFF(QsSketchParams, tag) == 616, "QsSketchParams");
 static_assert(QS_OFF(QsSketchParams, row_stats_ptr) == 712 && QS_OFF(QsSketchParams, k) == 720, "QsSketchParams");
 static_assert(QS_OFF(QsCompareParams, rows) == 48 && QS_OFF(QsCompareParams, ring) == 120, "QsCompareParams");

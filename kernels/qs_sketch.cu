@@ -2203,6 +2203,63 @@ QS_DEVICE void qs_snap_all_rows(const QsSnapParams& P) {
     if (t < P.rows.count && t < P.rows.total_rows) qs_snap_rows_slice(P, t, t);
 }
 
+// qs_sketch_snap_all: the copy of every row (QsSnapAllParams) for the calls the lean copy serves.
+// In a decode graph each copy node sits on the production chain right after its GEMM, so its
+// code and parameters are kept to what that copy needs: QS_SKETCH_SNAP_ROWS's code and 672-byte
+// parameters cost ~0.3 us more per node (Llama small graph decode, H100, session 22 `exp93`).
+// Block (0, 0) writes the header without waiting for the other blocks, as qs_snap_all_rows.
+QS_DEVICE qs_u64 qs_snap_all_scalar(qs_u64 ptr, qs_u32 bits) {
+    if (!ptr) return 0;
+    const qs_u8* p = (const qs_u8*)ptr;  // element 0's code, as qs_load_code_rt
+    return bits == 32 ? *(const qs_u32*)p : bits == 16 ? *(const qs_u16*)p : bits == 8 ? *p : (*p & 0xFu);
+}
+
+QS_GLOBAL void __launch_bounds__(QS_BLOCK) qs_sketch_snap_all(QsSnapAllParams P) {
+    qs_wait_prior_grid();  // an early start: the production GEMM's A, D and scalars after this
+    qs_u8* out = (qs_u8*)P.out_ptr;
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+        QsSnapHeader* hdr = (QsSnapHeader*)out;
+        const unsigned i = threadIdx.x;
+        if (i < 5) {
+            // Selected, not indexed: an indexed parameter array would go through local memory.
+            hdr->scalars[i] = qs_snap_all_scalar(i == 0   ? P.scalar_ptr[0]
+                                                 : i == 1 ? P.scalar_ptr[1]
+                                                 : i == 2 ? P.scalar_ptr[2]
+                                                 : i == 3 ? P.scalar_ptr[3]
+                                                          : P.scalar_ptr[4],
+                                                 i == 0   ? P.scalar_bits[0]
+                                                 : i == 1 ? P.scalar_bits[1]
+                                                 : i == 2 ? P.scalar_bits[2]
+                                                 : i == 3 ? P.scalar_bits[3]
+                                                          : P.scalar_bits[4]);
+        } else if (i == QS_WARP_SIZE) {
+            hdr->tag = QS_SNAP_ALL_ROWS_TAG;
+            hdr->epoch = P.epoch;
+            hdr->status = P.status;
+        }
+    }
+    const unsigned t = blockIdx.x;
+    if (t >= P.rows) return;
+    if (blockIdx.y == 0 && threadIdx.x == 0) ((qs_u64*)(out + sizeof(QsSnapHeader)))[t] = t;
+    // Slice blockIdx.y of gridDim.y of each row, in 16-byte vectors.
+    const unsigned va = P.a_bytes / 16, vd = P.d_bytes / 16, splits = gridDim.y, s = blockIdx.y;
+    const unsigned pa = (va + splits - 1) / splits, pd = (vd + splits - 1) / splits;
+    const unsigned a0 = min(s * pa, va), a1 = min(a0 + pa, va), d0 = min(s * pd, vd), d1 = min(d0 + pd, vd);
+    const uint4* sa = (const uint4*)(P.a_ptr + t * P.a_ld_bytes) + a0;
+    uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes) + a0;
+    const uint4* sd = (const uint4*)(P.d_ptr + t * P.d_ld_bytes) + d0;
+    uint4* dd = (uint4*)(out + P.d.off + t * P.d.row_bytes) + d0;
+    const unsigned na = a1 - a0, nd = d1 - d0;
+    // Both rows' loads of an iteration are issued before their stores.
+    for (unsigned v = threadIdx.x; v < (na > nd ? na : nd); v += blockDim.x) {
+        uint4 x, y;
+        if (v < na) x = sa[v];
+        if (v < nd) y = sd[v];
+        if (v < na) da[v] = x;
+        if (v < nd) dd[v] = y;
+    }
+}
+
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
     if (P.rows.mode == QS_ROWS_ALL) {
         qs_snap_all_rows(P);

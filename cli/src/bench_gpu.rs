@@ -254,8 +254,8 @@ pub fn run(
                                     )
                                     .map_err(|e| e.to_string())?;
                                 let copy_ms = time_ms(rt.as_ref(), 50, 5, || {
-                                    copy.params.rows.epoch_value += 1;
-                                    checker.launch_prepared(&copy, Stream::default())
+                                    copy.advance_epoch();
+                                    checker.launch_copy(&copy, Stream::default())
                                 })
                                 .map_err(|e| e.to_string())?;
                                 let check_ms = time_ms(rt.as_ref(), 50, 5, || {

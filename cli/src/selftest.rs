@@ -1736,8 +1736,19 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             tweak: none,
             device_alpha: true,
         },
+        Variant {
+            // The copy of every row (qs_sketch_snap_all): two slices per row, more vectors in a
+            // slice than threads in a block, and a device-pointer scalar for the header.
+            name: "bf16 device alpha, 7 rows, every row copied",
+            scheme: "bf16",
+            m: 7,
+            n: 2832,
+            k: 4112,
+            tweak: none,
+            device_alpha: true,
+        },
     ];
-    let mut lean_cases = 0;
+    let mut kinds: Vec<&'static str> = Vec::new();
     let mut out: Vec<Outcome> = variants
         .iter()
         .enumerate()
@@ -1751,20 +1762,21 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
                 if device_epoch { "device-counted" } else { "host-counted" }
             );
             detached_case(checker, v.scheme, v.m, v.n, v.k, v.tweak, v.device_alpha, device_epoch)
-                .map(|(pass, detail, lean)| {
-                    lean_cases += lean as u32;
+                .map(|(pass, detail, kind)| {
+                    kinds.push(kind);
                     outcome("sketch detached", case.clone(), pass, detail)
                 })
                 .unwrap_or_else(|e| error_outcome("sketch detached", case, e))
         })
         .collect();
-    // Both copy kernels must have been compared with the in-place check above.
-    let general_cases = variants.len() as u32 - lean_cases;
+    // Every copy kernel must have been compared with the in-place check above.
+    let count = |kind: &str| kinds.iter().filter(|&&k| k == kind).count();
+    let (every_row, lean, general) = (count("every-row"), count("lean"), count("general"));
     out.push(outcome(
         "sketch detached",
-        "both snapshot copies covered (lean and general)",
-        lean_cases >= 2 && general_cases >= 2,
-        format!("{lean_cases} cases took the lean copy, {general_cases} the general one"),
+        "every snapshot copy covered (every row, lean, general)",
+        every_row >= 2 && lean >= 2 && general >= 2,
+        format!("cases by copy: {every_row} every-row, {lean} lean, {general} general"),
     ));
     out
 }
@@ -1795,7 +1807,8 @@ fn detached_case(
     tweak: fn(&mut GemmProblem),
     device_alpha: bool,
     device_epoch: bool,
-) -> Result<(bool, String, bool), String> {
+) -> Result<(bool, String, &'static str), String> {
+    use quantshadow_runtime::device::gpu::SnapCopy;
     use quantshadow_runtime::device::snapshot::SnapshotLayout;
     let es = |e: &dyn std::fmt::Display| e.to_string();
     let mut problem = scheme_problem(scheme, m, n, k);
@@ -1835,6 +1848,7 @@ fn detached_case(
     let epochs = sample.epochs_to_cover().clamp(1, 3);
     let mut worst = 0.0f64;
     let mut mismatches = Vec::new();
+    let mut copy_kind = "none";
     for e in 0..epochs {
         checker
             .sketch_check(
@@ -1856,7 +1870,12 @@ fn detached_case(
         let (copy, check) = checker
             .prepare_detached(&g, &layout, rows, snap.ptr, counter, &weight, &detached, (2, e), false)
             .map_err(|e| es(&e))?;
-        checker.launch_prepared(&copy, st).map_err(|e| es(&e))?;
+        copy_kind = match &copy {
+            SnapCopy::EveryRow(_) => "every-row",
+            SnapCopy::Rows(_) if SnapshotLayout::lean_copy(&g) => "lean",
+            SnapCopy::Rows(_) => "general",
+        };
+        checker.launch_copy(&copy, st).map_err(|e| es(&e))?;
         checker.launch_prepared(&check, st).map_err(|e| es(&e))?;
         checker.runtime().synchronize(st).map_err(|e| es(&e))?;
         let (a, b) = checker.with_ring(|ring| (ring.poll(), ring.poll()));
@@ -1877,18 +1896,16 @@ fn detached_case(
     }
     let _ = &mut inputs;
     let pass = mismatches.is_empty() && worst <= 1e-9;
-    let lean = SnapshotLayout::lean_copy(&g);
     Ok((
         pass,
         format!(
-            "{epochs} epochs of {} rows, {} copy, snapshot {} KiB, grid {:?}: sums agree to {worst:.1e} relative{}",
+            "{epochs} epochs of {} rows, {copy_kind} copy, snapshot {} KiB, grid {:?}: sums agree to {worst:.1e} relative{}",
             sample.count,
-            if lean { "lean" } else { "general" },
             layout.bytes >> 10,
             layout.launch.grid,
             if mismatches.is_empty() { String::new() } else { format!("; {}", mismatches.join("; ")) }
         ),
-        lean,
+        copy_kind,
     ))
 }
 
@@ -2060,7 +2077,7 @@ fn early_case(
                 .prepare_detached(&g, &layout, rows, snap.ptr, 0, &weight, &scratch, (tag, call), false)
                 .map_err(|e| es(&e))?;
             run_behind_writer(checker, writer, on, ahead, |on| {
-                checker.launch_prepared(&c, on)?;
+                checker.launch_copy(&c, on)?;
                 checker.launch_prepared(&check, on)
             })?
         } else {

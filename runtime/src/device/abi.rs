@@ -482,6 +482,33 @@ pub struct QsSnapParams {
     pub epoch_counter_ptr: u64,
 }
 
+/// `qs_sketch_snap_all`: the copy of every row for the calls the lean copy serves (format-free,
+/// whole 16-byte vectors), grid (rows, chunks); the host computes the header but for the
+/// device-pointer scalars.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSnapAllParams {
+    /// op(A) row 0 and the bytes from one op(A) row to the next.
+    pub a_ptr: u64,
+    pub a_ld_bytes: u64,
+    pub d_ptr: u64,
+    pub d_ld_bytes: u64,
+    pub out_ptr: u64,
+    pub a: QsSnapRegion,
+    pub d: QsSnapRegion,
+    /// The header's epoch and status word ((1 << 32) | status bits).
+    pub epoch: u64,
+    pub status: u64,
+    /// Device-pointer scalars (alpha, a_ts, b_ts, beta, d_scale; 0: none) and their widths.
+    pub scalar_ptr: [u64; 5],
+    pub scalar_bits: [u32; 5],
+    /// Rows to copy (blocks t >= rows do nothing).
+    pub rows: u32,
+    /// Bytes of one op(A) row and of one D row, multiples of 16.
+    pub a_bytes: u32,
+    pub d_bytes: u32,
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QsCompareParams {
@@ -643,6 +670,9 @@ const _: () = {
     assert!(size_of::<QsSketchParams>() == 776);
     assert!(size_of::<QsSnapHeader>() == 64);
     assert!(size_of::<QsSnapParams>() == 672);
+    assert!(size_of::<QsSnapAllParams>() == 160);
+    assert!(offset_of!(QsSnapAllParams, epoch) == 72 && offset_of!(QsSnapAllParams, scalar_bits) == 128);
+    assert!(offset_of!(QsSnapAllParams, rows) == 148 && offset_of!(QsSnapAllParams, d_bytes) == 156);
     assert!(offset_of!(QsSketchParams, ring) == 584 && offset_of!(QsSketchParams, tag) == 616);
     assert!(offset_of!(QsSketchParams, row_stats_ptr) == 712 && offset_of!(QsSketchParams, k) == 720);
     assert!(size_of::<QsCompareParams>() == 272);
@@ -699,6 +729,7 @@ plain_data!(
     QsSnapHeader,
     QsSnapRegion,
     QsSnapParams,
+    QsSnapAllParams,
     QsCompareParams,
     QsSelftestParams,
     QsSums,
@@ -1412,6 +1443,8 @@ pub enum ParamKind {
     Sketch,
     /// [`QsSnapParams`] (`qs_sketch_snap_{a}_{d}`, the detached check's snapshot).
     Snap,
+    /// [`QsSnapAllParams`] (`qs_sketch_snap_all`, a snapshot of every row).
+    SnapAll,
     Compare,
     Selftest,
     /// [`QsInjectParams`].
@@ -1467,8 +1500,9 @@ impl KernelBuild {
     }
 
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
-    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean form
-    /// `qs_sketch_snap_rows_{a}_{d}`, and for [`lean_sketch_formats`] `qs_sketch_lean_{a}_{d}`.
+    /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean forms
+    /// `qs_sketch_snap_rows_{a}_{d}` and `qs_sketch_snap_all`, and for [`lean_sketch_formats`]
+    /// `qs_sketch_lean_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         let per_a_d =
@@ -1486,6 +1520,7 @@ impl KernelBuild {
                 per_a_d("qs_sketch_check", ParamKind::Sketch),
                 per_a_d("qs_sketch_snap", ParamKind::Snap),
                 per_a_d("qs_sketch_snap_rows", ParamKind::Snap),
+                KernelEntry { name: "qs_sketch_snap_all".into(), params: ParamKind::SnapAll },
             ]
             .into_iter()
             .chain(lean_sketch_formats(a, d).then(|| per_a_d("qs_sketch_lean", ParamKind::Sketch)))
@@ -1790,6 +1825,7 @@ mod tests {
                 "qs_sketch_check_e4m3fn_bf16",
                 "qs_sketch_snap_e4m3fn_bf16",
                 "qs_sketch_snap_rows_e4m3fn_bf16",
+                "qs_sketch_snap_all",
                 "qs_sketch_lean_e4m3fn_bf16"
             ]
         );

@@ -247,6 +247,7 @@ pub struct SketchEntries {
     lean: Option<super::Function>,
     snap: super::Function,
     snap_rows: super::Function,
+    snap_all: super::Function,
 }
 
 impl SketchEntries {
@@ -257,6 +258,7 @@ impl SketchEntries {
             lean: if abi::lean_sketch_formats(a, d) { Some(entry("qs_sketch_lean")?) } else { None },
             snap: entry("qs_sketch_snap")?,
             snap_rows: entry("qs_sketch_snap_rows")?,
+            snap_all: program.function("qs_sketch_snap_all")?,
         })
     }
 }
@@ -382,6 +384,24 @@ pub struct PreparedLaunch<P: KernelParams> {
     /// for that grid before reading its memory: `qs_wait_prior_grid`). Only for kernels whose
     /// work before that wait reads nothing the stream's earlier work may still be writing.
     pub early_start: bool,
+}
+
+/// A detached check's snapshot copy: the copy of every row (`qs_sketch_snap_all`, decode) or
+/// the copy kernels of sampled rows and of every layout (`qs_sketch_snap_rows_{a}_{d}`,
+/// `qs_sketch_snap_{a}_{d}`).
+pub enum SnapCopy {
+    EveryRow(PreparedLaunch<abi::QsSnapAllParams>),
+    Rows(PreparedLaunch<abi::QsSnapParams>),
+}
+
+impl SnapCopy {
+    /// The next eager epoch (the host counts eager epochs): the next rows of a sampled copy.
+    pub fn advance_epoch(&mut self) {
+        match self {
+            SnapCopy::EveryRow(c) => c.params.epoch += 1,
+            SnapCopy::Rows(c) => c.params.rows.epoch_value += 1,
+        }
+    }
 }
 
 impl PreparedLaunch<QsSketchParams> {
@@ -731,6 +751,27 @@ impl GpuChecker {
         }
     }
 
+    /// Enqueues a snapshot copy on `stream` ([`Self::launch_prepared`]).
+    pub fn launch_copy(&self, copy: &SnapCopy, stream: Stream) -> Result<(), DeviceError> {
+        match copy {
+            SnapCopy::EveryRow(c) => self.launch_prepared(c, stream),
+            SnapCopy::Rows(c) => self.launch_prepared(c, stream),
+        }
+    }
+
+    /// A snapshot copy as a graph branch ([`Self::launch_prepared_branch`]).
+    pub fn launch_copy_branch(
+        &self,
+        copy: &SnapCopy,
+        stream: Stream,
+        deps: BranchDeps<'_>,
+    ) -> Result<super::GraphNode, DeviceError> {
+        match copy {
+            SnapCopy::EveryRow(c) => self.launch_prepared_branch(c, stream, deps),
+            SnapCopy::Rows(c) => self.launch_prepared_branch(c, stream, deps),
+        }
+    }
+
     /// The same prepared launch as a graph branch of the capture in progress on `stream`, after
     /// `deps` (see [`GpuRuntime::launch_graph_branch`] and
     /// [`GpuRuntime::launch_graph_branch_from`]).
@@ -759,8 +800,8 @@ impl GpuChecker {
         }
     }
 
-    /// A detached sketch check of the call `g` (`device::snapshot`): the copy kernel
-    /// (`qs_sketch_snap_{a}_{d}`, or its lean form when `SnapshotLayout::lean_copy` allows;
+    /// A detached sketch check of the call `g` (`device::snapshot`): the copy ([`SnapCopy`]:
+    /// `qs_sketch_snap_{a}_{d}`, or where `SnapshotLayout::lean_copy` allows its lean forms;
     /// launched on the caller's stream) of `rows` into the snapshot
     /// at `base`, and the check over that snapshot (launched after it, anywhere). The row epoch
     /// comes from `rows.epoch_value`, or from the device counter at `epoch_counter` when not 0
@@ -777,19 +818,28 @@ impl GpuChecker {
         scratch: &SketchScratch,
         tag: (u64, u64),
         captured: bool,
-    ) -> Result<(PreparedLaunch<abi::QsSnapParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
+    ) -> Result<(SnapCopy, PreparedLaunch<QsSketchParams>), DeviceError> {
         let (a, b, d) = (format_of(g.a.format)?, format_of(g.b.format)?, format_of(g.d.format)?);
         let entries = self.sketch_entries(a, b, d, weight.kp)?;
-        let copy = PreparedLaunch {
-            function: if super::snapshot::SnapshotLayout::lean_copy(g) {
-                entries.snap_rows
-            } else {
-                entries.snap
-            },
-            config: layout.launch,
-            params: layout.params(g, rows, base, epoch_counter),
-            // The copy follows the production GEMM on its stream.
-            early_start: !captured && self.early_start(),
+        // The copy follows the production GEMM on its stream.
+        let early_start = !captured && self.early_start();
+        let copy = match layout.every_row_params(g, rows, base) {
+            Some(params) => SnapCopy::EveryRow(PreparedLaunch {
+                function: entries.snap_all,
+                config: layout.launch,
+                params,
+                early_start,
+            }),
+            None => SnapCopy::Rows(PreparedLaunch {
+                function: if super::snapshot::SnapshotLayout::lean_copy(g) {
+                    entries.snap_rows
+                } else {
+                    entries.snap
+                },
+                config: layout.launch,
+                params: layout.params(g, rows, base, epoch_counter),
+                early_start,
+            }),
         };
         let packed = layout.packed_desc(g, base);
         let mut check = self.prepare_sketch_check_with(

@@ -12,8 +12,8 @@
 //! of the copy (a GEMM of `count` rows, batch item 0, row-major, scales outer-major).
 
 use super::abi::{
-    AbiError, LaunchConfig, QsGemmDesc, QsRowSel, QsScalar, QsSnapHeader, QsSnapParams, QsSnapRegion,
-    BIAS_ROWS, BLOCK_THREADS, ORDER_ROW, SCALE_OUTER_MAJOR,
+    status, AbiError, LaunchConfig, QsGemmDesc, QsRowSel, QsScalar, QsSnapAllParams, QsSnapHeader,
+    QsSnapParams, QsSnapRegion, BIAS_ROWS, BLOCK_THREADS, ORDER_ROW, ROWS_ALL, SCALE_OUTER_MAJOR,
 };
 use crate::formats::Format;
 use std::mem::size_of;
@@ -28,6 +28,9 @@ const SNAP_MIN_SLICE: u64 = 2048;
 /// Blocks per SM the copy aims for when there are few rows (decode).
 const SNAP_BLOCKS_PER_SM: u64 = 2;
 const SNAP_MAX_CHUNKS: u64 = 65535;
+
+/// Header tag of a copy of every row (qs_sketch.cu `QS_SNAP_ALL_ROWS_TAG`).
+const SNAP_ALL_ROWS_TAG: u64 = 1;
 
 /// Why a call cannot be checked detached (it is then checked on its own stream as before).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -129,6 +132,50 @@ impl SnapshotLayout {
             bias_off: self.bias_off,
             epoch_counter_ptr: epoch_counter,
         }
+    }
+
+    /// The copy of every row (`qs_sketch_snap_all`) of the call `g` into the snapshot at `base`:
+    /// where [`Self::lean_copy`] allows and `rows` selects every row (decode). None otherwise;
+    /// [`Self::params`] then serves the call. Same snapshot as the other copies: header (tag 1,
+    /// `rows.epoch_value`, device-pointer scalars, the status "rows past the end" when `rows`
+    /// says more rows than the call has), row list t -> t, regions.
+    pub fn every_row_params(&self, g: &QsGemmDesc, rows: QsRowSel, base: u64) -> Option<QsSnapAllParams> {
+        if rows.mode != ROWS_ALL || !Self::lean_copy(g) {
+            return None;
+        }
+        let (a_bits, d_bits) = (bits_of(g.a.format).ok()?, bits_of(g.d.format).ok()?);
+        let (a_rs, _) = g.a.op_strides();
+        let scalar = |s: &QsScalar| -> Option<(u64, u32)> {
+            if s.on_device != 0 && s.ptr != 0 {
+                Some((s.ptr, bits_of(s.format).ok()? as u32))
+            } else {
+                Some((0, 0))
+            }
+        };
+        let mut scalar_ptr = [0u64; 5];
+        let mut scalar_bits = [0u32; 5];
+        for (i, s) in
+            [&g.alpha, &g.a_tensor_scale, &g.b_tensor_scale, &g.beta, &g.d_scale].into_iter().enumerate()
+        {
+            (scalar_ptr[i], scalar_bits[i]) = scalar(s)?;
+        }
+        let past_end = if rows.count > rows.total_rows { status::OUT_OF_BOUNDS } else { 0 };
+        Some(QsSnapAllParams {
+            a_ptr: g.a.ptr,
+            a_ld_bytes: a_rs * a_bits / 8,
+            d_ptr: g.d.ptr,
+            d_ld_bytes: g.d.ld * d_bits / 8,
+            out_ptr: base,
+            a: self.a,
+            d: self.d,
+            epoch: rows.epoch_value,
+            status: (SNAP_ALL_ROWS_TAG << 32) | past_end as u64,
+            scalar_ptr,
+            scalar_bits,
+            rows: u32::try_from(rows.count.min(rows.total_rows).min(self.count)).ok()?,
+            a_bytes: u32::try_from(g.k * a_bits / 8).ok()?,
+            d_bytes: u32::try_from(g.n * d_bits / 8).ok()?,
+        })
     }
 
     /// Whether the lean copy (`qs_sketch_snap_rows_{a}_{d}`) serves this call: one batch item,
@@ -279,6 +326,39 @@ mod tests {
         col_bias.bias.ptr = 0x9000;
         col_bias.bias.axis = BIAS_COLS;
         assert!(SnapshotLayout::lean_copy(&col_bias));
+    }
+
+    #[test]
+    fn every_row_copy_only_for_all_rows_of_a_lean_copy_and_its_header_is_the_kernels() {
+        let mut g = desc(3, 1024, 2816, Format::Bf16, Format::F16);
+        g.a.ld = 3000; // op(A) rows 6000 bytes apart
+        g.a.extent = 3000 * 3;
+        g.a.ptr = 0x10000;
+        g.d.ptr = 0x40000;
+        g.alpha = QsScalar { value: 1.0, ptr: 0, format: Format::F32 as u32, on_device: 0 };
+        g.b_tensor_scale = QsScalar { value: 0.0, ptr: 0x5000, format: Format::F32 as u32, on_device: 1 };
+        g.d_scale = QsScalar { value: 0.0, ptr: 0x5008, format: Format::F16 as u32, on_device: 1 };
+        let l = SnapshotLayout::new(&g, 3, 132, u64::MAX).unwrap();
+        let p = l.every_row_params(&g, QsRowSel { epoch_value: 9, ..QsRowSel::all(3) }, 0x80000).unwrap();
+        assert_eq!((p.a_ptr, p.a_ld_bytes, p.a_bytes), (0x10000, 6000, 2816 * 2));
+        assert_eq!((p.d_ptr, p.d_ld_bytes, p.d_bytes), (0x40000, 1024 * 2, 1024 * 2));
+        assert_eq!((p.out_ptr, p.a, p.d, p.rows, p.epoch), (0x80000, l.a, l.d, 3, 9));
+        assert_eq!(p.status, 1 << 32);
+        assert_eq!(p.scalar_ptr, [0, 0, 0x5000, 0, 0x5008]);
+        assert_eq!(p.scalar_bits, [0, 0, 32, 0, 16]);
+        // More rows asked than the call has: the status says so, and only the call's rows move.
+        let over = l.every_row_params(&g, QsRowSel { count: 4, ..QsRowSel::all(3) }, 0x80000).unwrap();
+        assert_eq!((over.status, over.rows), ((1 << 32) | status::OUT_OF_BOUNDS as u64, 3));
+        // Sampled rows, or a call the lean copy does not serve: the other copy kernels.
+        let sampled = QsRowSel { mode: super::super::abi::ROWS_PERM, ..QsRowSel::all(3) };
+        assert!(l.every_row_params(&g, sampled, 0x80000).is_none());
+        let mut strided = g;
+        strided.a.trans = 1;
+        assert!(l.every_row_params(&strided, QsRowSel::all(3), 0x80000).is_none());
+        // The tag is the kernel's.
+        let text = super::super::abi::KernelSource::Sketch.text();
+        let line = text.lines().find(|l| l.starts_with("#define QS_SNAP_ALL_ROWS_TAG ")).unwrap();
+        assert_eq!(line.split_whitespace().nth(2), Some(format!("{SNAP_ALL_ROWS_TAG}ull").as_str()));
     }
 
     #[test]

@@ -281,7 +281,7 @@ const DEFERRED_CAPTURES: usize = 8;
 /// A deferred check's snapshot copy, prepared, and the check itself: both wait for the copy
 /// to be added to the capture ([`super::copy_beside`]).
 struct CopyWork {
-    copy: crate::device::gpu::PreparedLaunch<abi::QsSnapParams>,
+    copy: crate::device::gpu::SnapCopy,
     check: crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
 }
 
@@ -1032,7 +1032,7 @@ impl GpuBackend {
                 .checker
                 .prepare_detached(g, layout, rows, base, epoch_counter, weight, scratch, tag, capturing)
                 .map_err(|e| launch_err("set-up", e))?;
-            self.checker.launch_prepared(&copy, stream).map_err(|e| launch_err("copy launch", e))?;
+            self.checker.launch_copy(&copy, stream).map_err(|e| launch_err("copy launch", e))?;
             Ok(check)
         };
         match capture {
@@ -1582,7 +1582,7 @@ impl GpuBackend {
         let stream = Stream(copy.stream);
         let added = self
             .checker
-            .launch_prepared_branch(&copy.work.copy, stream, BranchDeps::Exactly(&copy.after))
+            .launch_copy_branch(&copy.work.copy, stream, BranchDeps::Exactly(&copy.after))
             .and_then(|node| {
                 let from: &[crate::device::GraphNode] = if retro { &copy.after } else { &[] };
                 self.runtime.join_graph_branch(stream, node, from, into_stream).map(|()| node)
