@@ -94,6 +94,36 @@ def main():
         outs.append(static_y.clone())
     torch.cuda.synchronize()
     results["graph_replays"] = digest(torch.stack(outs))
+
+    # Work between the GEMMs of a captured step that writes a GEMM's rows in place (the shim's
+    # snapshot copy of that GEMM must come before it) and work that cannot (the copy may run
+    # beside it): a copy racing the in-place kernels would show as a failed check.
+    w_a, w_b, w_c = rand(K, K), rand(K, K), rand(K, K)
+    static_h = rand(graph_rows, K)
+
+    def inplace_step(h):
+        y = h @ w_a.t()
+        y.mul_(1.5)  # the output of the GEMM just before
+        z = h @ w_b.t()
+        h.add_(0.125)  # the input of the GEMMs before
+        u = torch.relu(z) * 0.5  # out of place: writes neither z nor h
+        return y + u @ w_c.t()
+
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            inplace_step(static_h)
+    torch.cuda.current_stream().wait_stream(s)
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        static_out = inplace_step(static_h)
+    outs = []
+    for i in range(replays):
+        static_h.copy_(rand(graph_rows, K))
+        graph2.replay()
+        outs.append(static_out.clone())
+    torch.cuda.synchronize()
+    results["graph_inplace_replays"] = digest(torch.stack(outs))
     if "--graph-kernels" in sys.argv:
         # Which kernels one replay runs (CUPTI sees inside graphs): e.g. that a check took the
         # lean kernel. Printed only, not hashed.
