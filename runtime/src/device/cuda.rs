@@ -8,7 +8,7 @@
 
 use super::{
     DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, GraphNode, LaunchOrder, MappedHost,
-    Module, NodeWrites, Stream, Vendor,
+    Module, Stream, Vendor,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nvrtc;
@@ -118,9 +118,6 @@ pub struct CudaRuntime {
     /// cuGraphAddDependencies_v2 (CUDA >= 12.3): a snapshot copy beside the next captured GEMM,
     /// joined afterwards. Without them the copy stays on the captured stream.
     branch_joins: bool,
-    /// The symbols of `cuda_scan` (CUDA >= 12.4): a snapshot copy beside captured work that
-    /// cannot write what it reads. Without them the copy goes in front of that work.
-    node_scan: bool,
     /// cuLaunchKernelEx (CUDA >= 12.0): early starts (programmatic dependent launch). Without
     /// it every launch is an ordinary one.
     early_launch: bool,
@@ -143,7 +140,7 @@ impl std::fmt::Debug for CudaRuntime {
 }
 
 /// Result of a driver call as a `DeviceError` with the driver's own name and text.
-pub(crate) fn check(call: &'static str, status: cu::CUresult) -> Result<(), DeviceError> {
+fn check(call: &'static str, status: cu::CUresult) -> Result<(), DeviceError> {
     if status == cu::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
@@ -235,14 +232,12 @@ impl CudaRuntime {
             ]
             .iter()
             .all(|name| symbol_present(Lib::Driver, name));
-        let node_scan = branch_joins && super::cuda_scan::present();
         let early_launch = symbol_present(Lib::Driver, "cuLaunchKernelEx");
         let ctx_ids = symbol_present(Lib::Driver, "cuCtxGetId");
         Ok(CudaRuntime {
             elapsed_v2,
             graph_branches,
             branch_joins,
-            node_scan,
             early_launch,
             nvrtc: OnceLock::new(),
             ctx_ids,
@@ -680,22 +675,6 @@ impl GpuRuntime for CudaRuntime {
             return Ok(None);
         }
         Ok(self.capture_info(s)?.map(|(_, _, deps)| deps.into_iter().map(|n| GraphNode(n as u64)).collect()))
-    }
-
-    fn captured_since(
-        &self,
-        s: Stream,
-        after: &[GraphNode],
-        limit: usize,
-    ) -> Result<Option<Vec<NodeWrites>>, DeviceError> {
-        if !self.node_scan || self.capture_info(s)?.is_none() {
-            return Ok(None);
-        }
-        // SAFETY (both calls): node_scan implies the symbols; the nodes belong to the capture
-        // in progress on `s`, which cannot end during this call on the capturing thread.
-        let nodes = super::nodes_after(after, limit, |n| unsafe { super::cuda_scan::dependents(n) })?;
-        Ok(nodes
-            .map(|nodes| nodes.into_iter().map(|n| unsafe { super::cuda_scan::node_writes(n) }).collect()))
     }
 
     fn join_graph_branch(

@@ -312,15 +312,11 @@ pub struct KernelChoices {
     pub lean: LeanUse,
     /// `QUANTSHADOW_EARLY_START=1` (default `0`): see [`GpuChecker`]'s `early_start`.
     pub early_start: bool,
-    /// `QUANTSHADOW_COPY_BESIDE=kernels` (default): a captured snapshot copy runs beside the
-    /// captured kernels after its GEMM whose parameters show they cannot write what it reads
-    /// (`engine::copy_beside`); `gemms`: beside a next GEMM that straight follows only.
-    pub copy_beside_kernels: bool,
 }
 
 impl Default for KernelChoices {
     fn default() -> Self {
-        KernelChoices { lean: LeanUse::Eager, early_start: false, copy_beside_kernels: true }
+        KernelChoices { lean: LeanUse::Eager, early_start: false }
     }
 }
 
@@ -350,30 +346,18 @@ impl KernelChoices {
                 None => warnings.push(format!("QUANTSHADOW_EARLY_START={v:?} is not 0 or 1; using 0")),
             }
         }
-        if let Some(v) = get("QUANTSHADOW_COPY_BESIDE").filter(|v| !v.trim().is_empty()) {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "kernels" => choices.copy_beside_kernels = true,
-                "gemms" => choices.copy_beside_kernels = false,
-                _ => warnings
-                    .push(format!("QUANTSHADOW_COPY_BESIDE={v:?} is not kernels or gemms; using kernels")),
-            }
-        }
         (choices, warnings)
     }
 
     /// For the session record: `sketch_lean` and `early_start` as set (the device may not
     /// support them; the backend's start line says what it runs).
-    pub fn settings(&self) -> [(&'static str, &'static str); 3] {
+    pub fn settings(&self) -> [(&'static str, &'static str); 2] {
         let lean = match self.lean {
             LeanUse::Off => "0",
             LeanUse::Eager => "1",
             LeanUse::Graphs => "graphs",
         };
-        [
-            ("sketch_lean", lean),
-            ("early_start", if self.early_start { "1" } else { "0" }),
-            ("copy_beside", if self.copy_beside_kernels { "kernels" } else { "gemms" }),
-        ]
+        [("sketch_lean", lean), ("early_start", if self.early_start { "1" } else { "0" })]
     }
 }
 
@@ -404,8 +388,7 @@ pub struct PreparedLaunch<P: KernelParams> {
 
 /// A detached check's snapshot copy: the copy of every row (`qs_sketch_snap_all`, decode) or
 /// the copy kernels of sampled rows and of every layout (`qs_sketch_snap_rows_{a}_{d}`,
-/// `qs_sketch_snap_{a}_{d}`). Not boxed: one is prepared per checked call, without allocating.
-#[allow(clippy::large_enum_variant)]
+/// `qs_sketch_snap_{a}_{d}`).
 pub enum SnapCopy {
     EveryRow(PreparedLaunch<abi::QsSnapAllParams>),
     Rows(PreparedLaunch<abi::QsSnapParams>),

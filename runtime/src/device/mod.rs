@@ -17,7 +17,6 @@ use std::ffi::c_void;
 pub mod abi;
 pub mod cuda;
 pub mod cuda_graph;
-mod cuda_scan;
 #[doc(hidden)]
 pub mod fake;
 pub mod gpu;
@@ -70,52 +69,6 @@ pub fn branch_join_edges<E>(
         }
     }
     Ok(edges)
-}
-
-/// The nodes that follow the nodes `after` in their graph (their dependents, transitively),
-/// each once, in breadth-first order; None when there are more than `limit`. In a capture in
-/// progress these are the nodes captured since `after` (and branches added after them).
-pub fn nodes_after<E>(
-    after: &[GraphNode],
-    limit: usize,
-    mut dependents_of: impl FnMut(GraphNode) -> Result<Vec<GraphNode>, E>,
-) -> Result<Option<Vec<GraphNode>>, E> {
-    let mut found: Vec<GraphNode> = Vec::new();
-    let mut next = 0;
-    let mut frontier: Vec<GraphNode> = after.to_vec();
-    loop {
-        for f in frontier.drain(..) {
-            for d in dependents_of(f)? {
-                if !after.contains(&d) && !found.contains(&d) {
-                    if found.len() == limit {
-                        return Ok(None);
-                    }
-                    found.push(d);
-                }
-            }
-        }
-        if next == found.len() {
-            return Ok(Some(found));
-        }
-        frontier.extend_from_slice(&found[next..]);
-        next = found.len();
-    }
-}
-
-/// What a node of a graph being captured may write, as far as its description tells
-/// ([`GpuRuntime::captured_since`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeWrites {
-    /// A kernel: its function and each parameter's value bytes. A kernel writes through
-    /// pointers it is given (or through pointers in memory, which no description shows).
-    Kernel { function: u64, params: Vec<Vec<u8>> },
-    /// A memset or a copy into device memory: the destination bytes `[start, end)`.
-    Range(u64, u64),
-    /// Writes no device memory: an empty node, an event record or wait, a copy to host memory.
-    Nothing,
-    /// Anything else (host callbacks, child graphs, conditionals, allocations, a kernel whose
-    /// parameters cannot be read).
-    Unknown,
 }
 
 /// An event for timing and ordering (CUevent / hipEvent_t).
@@ -298,19 +251,6 @@ pub trait GpuRuntime: Send + Sync {
         Ok(None)
     }
 
-    /// The nodes captured on `stream` since the nodes `after` of its capture in progress
-    /// ([`nodes_after`]), each with what it may write; None when there are more than `limit`,
-    /// or when the runtime cannot tell (then anything may have been written).
-    fn captured_since(
-        &self,
-        stream: Stream,
-        after: &[GraphNode],
-        limit: usize,
-    ) -> Result<Option<Vec<NodeWrites>>, DeviceError> {
-        let _ = (stream, after, limit);
-        Ok(None)
-    }
-
     /// Orders `node`, a branch added after the nodes `from` of the capture on `stream`, before
     /// everything captured since then: an edge from `node` to every dependent of `from` (other
     /// than `node` and `from` themselves), and, with `into_stream`, `node` added to the
@@ -394,32 +334,6 @@ pub trait GpuRuntime: Send + Sync {
     fn event_done(&self, event: Event) -> Result<bool, DeviceError>;
     /// Milliseconds between two completed events.
     fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, DeviceError>;
-}
-
-#[cfg(test)]
-mod nodes_after_tests {
-    use super::{nodes_after, GraphNode};
-
-    #[test]
-    fn every_later_node_once_and_none_past_the_limit() {
-        // 1 -> 2 -> 4, 1 -> 3 -> 4 -> 5, and 9 unrelated.
-        let edges = |n: GraphNode| -> Result<Vec<GraphNode>, ()> {
-            Ok(match n.0 {
-                1 => vec![GraphNode(2), GraphNode(3)],
-                2 | 3 => vec![GraphNode(4)],
-                4 => vec![GraphNode(5)],
-                _ => vec![],
-            })
-        };
-        let ids = |v: Option<Vec<GraphNode>>| v.map(|v| v.into_iter().map(|n| n.0).collect::<Vec<_>>());
-        assert_eq!(ids(nodes_after(&[GraphNode(1)], 8, edges).unwrap()), Some(vec![2, 3, 4, 5]));
-        assert_eq!(ids(nodes_after(&[GraphNode(1)], 4, edges).unwrap()), Some(vec![2, 3, 4, 5]));
-        assert_eq!(ids(nodes_after(&[GraphNode(1)], 3, edges).unwrap()), None);
-        // Nodes of `after` are not their own successors; a node with none has none.
-        assert_eq!(ids(nodes_after(&[GraphNode(1), GraphNode(3)], 8, edges).unwrap()), Some(vec![2, 4, 5]));
-        assert_eq!(ids(nodes_after(&[GraphNode(9)], 8, edges).unwrap()), Some(vec![]));
-        assert_eq!(nodes_after(&[GraphNode(1)], 8, |_| Err::<Vec<GraphNode>, _>("driver")), Err("driver"));
-    }
 }
 
 #[cfg(test)]

@@ -85,12 +85,6 @@ impl KernelRegistry {
         &self.compiler
     }
 
-    /// Whether `function` is an entry of a program loaded here (the shim's own kernels).
-    pub fn owns_function(&self, function: u64) -> bool {
-        let programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
-        programs.values().any(|p| p.functions.values().any(|f| f.0 == function))
-    }
-
     /// The program for `build`, compiled or loaded once per process.
     pub fn program(
         &self,

@@ -526,45 +526,20 @@ mod tests {
         let setting =
             |c: &Config, k: &str| c.settings().into_iter().find(|(key, _)| key == k).map(|(_, v)| v);
         let d = cfg(&[]);
+        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false });
         assert_eq!(
-            d.kernels,
-            KernelChoices { lean: LeanUse::Eager, early_start: false, copy_beside_kernels: true }
+            (setting(&d, "sketch_lean").as_deref(), setting(&d, "early_start").as_deref()),
+            (Some("1"), Some("0"))
         );
-        assert_eq!(
-            (
-                setting(&d, "sketch_lean").as_deref(),
-                setting(&d, "early_start").as_deref(),
-                setting(&d, "copy_beside").as_deref()
-            ),
-            (Some("1"), Some("0"), Some("kernels"))
-        );
-        let c = cfg(&[
-            ("QUANTSHADOW_SKETCH_LEAN", " Graphs "),
-            ("QUANTSHADOW_EARLY_START", "1"),
-            ("QUANTSHADOW_COPY_BESIDE", "GEMMs"),
-        ]);
-        assert_eq!(
-            c.kernels,
-            KernelChoices { lean: LeanUse::Graphs, early_start: true, copy_beside_kernels: false }
-        );
+        let c = cfg(&[("QUANTSHADOW_SKETCH_LEAN", " Graphs "), ("QUANTSHADOW_EARLY_START", "1")]);
+        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true });
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert_eq!(setting(&c, "sketch_lean").as_deref(), Some("graphs"));
-        assert_eq!(setting(&c, "copy_beside").as_deref(), Some("gemms"));
         assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_LEAN", "0")]).kernels.lean, LeanUse::Off);
-        // A typo is named, and the default stands (the lean kernel on, early starts off, copies
-        // beside kernels).
-        let bad = cfg(&[
-            ("QUANTSHADOW_SKETCH_LEAN", "graph"),
-            ("QUANTSHADOW_EARLY_START", "yes"),
-            ("QUANTSHADOW_COPY_BESIDE", "all"),
-        ]);
+        // A typo is named, and the default stands (the lean kernel on, early starts off).
+        let bad = cfg(&[("QUANTSHADOW_SKETCH_LEAN", "graph"), ("QUANTSHADOW_EARLY_START", "yes")]);
         assert_eq!(bad.kernels, KernelChoices::default());
-        assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
-        assert!(
-            bad.warnings[2].contains("QUANTSHADOW_COPY_BESIDE=\"all\" is not kernels or gemms"),
-            "{:?}",
-            bad.warnings
-        );
+        assert_eq!(bad.warnings.len(), 2, "{:?}", bad.warnings);
         assert!(
             bad.warnings[0].contains("QUANTSHADOW_SKETCH_LEAN=\"graph\" is not 0, 1 or graphs"),
             "{:?}",

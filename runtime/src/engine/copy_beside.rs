@@ -10,29 +10,15 @@
 //!   GEMM has been captured, as a second dependent of the first GEMM's nodes (so the graph
 //!   executor keeps the production chain on one stream), and joins the stream, so the work
 //!   after the second GEMM waits for it.
-//! - **Next intercepted GEMM, work captured since that cannot write what the copy reads.**
-//!   The same, beside that work too. What a captured node may write is read from its
-//!   description ([`captured_may_write`]): a kernel writes through the pointers among its
-//!   parameter values, a memset or copy into its destination; anything else may write
-//!   anywhere. The shim's own kernels write only the shim's buffers.
-//! - **Anything else.** Work that may write the copy's rows was captured since, a range
-//!   overlaps, or the capture is ending. The copy is added and put in front of everything
-//!   captured after its GEMM: an edge to every dependent of the GEMM's nodes
-//!   ([`Settle::Join`]). A capture is only recorded, never run, until it is instantiated, so the
-//!   edges still take effect.
-//!
-//! What the description cannot show: a kernel that writes the rows through a pointer it reads
-//! from memory, or through a base below them (a view's parent buffer, passed whole). A copy
-//! beside such a kernel could read rows half overwritten, and the check would report a
-//! mismatch: a false alarm, never a changed result. PyTorch passes every tensor a kernel writes
-//! by its own address, and a GEMM's operands stay alive until their last reader has run, so the
-//! kernels between two GEMMs write a GEMM's rows only in place, by their address.
-//! `QUANTSHADOW_COPY_BESIDE=gemms` keeps copies beside GEMMs only.
+//! - **Anything else.** Other work was captured since, a range overlaps, or the capture is
+//!   ending. The copy is added and put in front of everything captured after its GEMM: an edge
+//!   to every dependent of the GEMM's nodes ([`Settle::Join`]). A capture is only recorded,
+//!   never run, until it is instantiated, so the edges still take effect.
 //!
 //! A copy that cannot be added and ordered takes its check with it (counted, never judged on a
 //! snapshot that may be torn).
 
-use crate::device::{GraphNode, NodeWrites};
+use crate::device::GraphNode;
 
 /// Byte ranges `[start, end)`.
 pub(crate) type Span = (u64, u64);
@@ -79,48 +65,15 @@ impl<W> PendingCopy<W> {
     }
 
     /// `frontier`: the stream's capture dependencies now; `writes`: what the next GEMM writes
-    /// (None: unknown); `since_clean`, asked only when work was captured since the copy's GEMM:
-    /// whether that work cannot write what the copy reads.
-    pub fn settle(
-        &self,
-        frontier: &[GraphNode],
-        writes: Option<Span>,
-        since_clean: impl FnOnce() -> bool,
-    ) -> Settle {
+    /// (None: unknown).
+    pub fn settle(&self, frontier: &[GraphNode], writes: Option<Span>) -> Settle {
         match writes {
-            Some(w)
-                if !self.reads.iter().any(|&r| overlaps(r, w))
-                    && (same_nodes(frontier, &self.after) || since_clean()) =>
-            {
+            Some(w) if same_nodes(frontier, &self.after) && !self.reads.iter().any(|&r| overlaps(r, w)) => {
                 Settle::Beside
             }
             _ => Settle::Join,
         }
     }
-}
-
-/// Most nodes captured since a pending copy's GEMM that are read to decide whether the copy may
-/// run beside them (a decode step has ~10-20 kernels between two linear layers).
-pub(crate) const MAX_SCANNED_NODES: usize = 64;
-
-/// Whether any of `nodes` may write a byte of `reads` ([`NodeWrites`]); `own` tells the shim's
-/// own kernels, which write only the shim's buffers. A kernel may write where any 8 bytes of a
-/// parameter value, at a 4-byte offset, hold an address inside a span.
-pub(crate) fn captured_may_write(nodes: &[NodeWrites], reads: &[Span], own: impl Fn(u64) -> bool) -> bool {
-    let inside = |v: u64| reads.iter().any(|&(lo, hi)| lo <= v && v < hi);
-    nodes.iter().any(|n| match n {
-        NodeWrites::Kernel { function, params } => {
-            !own(*function)
-                && params.iter().any(|p| {
-                    p.windows(8)
-                        .step_by(4)
-                        .any(|w| inside(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])))
-                })
-        }
-        NodeWrites::Range(lo, hi) => reads.iter().any(|&r| overlaps(r, (*lo, *hi))),
-        NodeWrites::Nothing => false,
-        NodeWrites::Unknown => true,
-    })
 }
 
 /// Most copies pending at once (one per capturing stream); a copy pushed out is settled by a
@@ -186,61 +139,19 @@ mod tests {
     }
 
     #[test]
-    fn the_next_gemm_runs_beside_only_after_clean_work_and_writing_elsewhere() {
+    fn the_next_gemm_runs_beside_only_straight_after_and_writing_elsewhere() {
         let p = copy(1, &[10, 11], &[(0x1000, 0x3000), (0x8000, 0x8100)]);
-        let never = || -> bool { panic!("nothing was captured since: no scan") };
         // Same frontier in another order, output elsewhere (touching the end is not overlap).
-        assert_eq!(p.settle(&nodes(&[11, 10]), Some((0x3000, 0x4000)), never), Settle::Beside);
+        assert_eq!(p.settle(&nodes(&[11, 10]), Some((0x3000, 0x4000))), Settle::Beside);
         // Writes into a source: A, D or a scale of the copied call.
-        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x2fff, 0x4000)), || true), Settle::Join);
-        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x80f0, 0x80f8)), || true), Settle::Join);
-        // Something else was captured since (the frontier moved, or a node was added to it):
-        // beside only when that work cannot write what the copy reads.
-        for frontier in [nodes(&[12]), nodes(&[10, 11, 12]), nodes(&[10])] {
-            assert_eq!(p.settle(&frontier, Some((0x9000, 0xa000)), || false), Settle::Join);
-            assert_eq!(p.settle(&frontier, Some((0x9000, 0xa000)), || true), Settle::Beside);
-            // ... and never when the GEMM itself writes a source.
-            assert_eq!(p.settle(&frontier, Some((0x1000, 0x1010)), || true), Settle::Join);
-        }
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x2fff, 0x4000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x80f0, 0x80f8))), Settle::Join);
+        // Something else was captured since (the frontier moved), or a node was added to it.
+        assert_eq!(p.settle(&nodes(&[12]), Some((0x9000, 0xa000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11, 12]), Some((0x9000, 0xa000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10]), Some((0x9000, 0xa000))), Settle::Join);
         // Unknown output: never beside.
-        assert_eq!(p.settle(&nodes(&[10, 11]), None, || true), Settle::Join);
-    }
-
-    #[test]
-    fn captured_work_may_write_through_its_pointers_and_destinations_only() {
-        let reads = [(0x10_0000u64, 0x10_1000u64), (0x20_0000, 0x20_0800)];
-        let kernel = |function: u64, words: &[u64]| NodeWrites::Kernel {
-            function,
-            params: words.iter().map(|w| w.to_le_bytes().to_vec()).collect(),
-        };
-        let not_own = |_: u64| false;
-        // A kernel given other tensors, scalars and sizes; a memset and a copy elsewhere; events.
-        let clean = [
-            kernel(1, &[0x30_0000, 0x40_0000, 4096, 0x3ff0_0000_0000_0000]),
-            NodeWrites::Range(0x10_1000, 0x10_2000),
-            NodeWrites::Range(0x1f_f000, 0x20_0000),
-            NodeWrites::Nothing,
-            NodeWrites::Kernel { function: 2, params: vec![] },
-        ];
-        assert!(!captured_may_write(&clean, &reads, not_own));
-        // A kernel given an address inside a span: at its start, inside, or the last byte.
-        for p in [0x10_0000u64, 0x10_0800, 0x20_07ff] {
-            assert!(captured_may_write(&[kernel(1, &[0x30_0000, p])], &reads, not_own), "{p:#x}");
-        }
-        // An address packed at a 4-byte offset inside a larger parameter (a struct of two u32
-        // then a pointer, or a pointer after one u32).
-        let mut packed = 7u32.to_le_bytes().to_vec();
-        packed.extend_from_slice(&0x20_0010u64.to_le_bytes());
-        let packed = NodeWrites::Kernel { function: 1, params: vec![packed] };
-        assert!(captured_may_write(std::slice::from_ref(&packed), &reads, not_own));
-        // The shim's own kernels read the rows (the copy itself) but write its buffers only.
-        assert!(!captured_may_write(&[kernel(9, &[0x10_0000])], &reads, |f| f == 9));
-        assert!(!captured_may_write(&[packed], &reads, |f| f == 1));
-        // A destination overlapping a span; anything the description does not tell.
-        assert!(captured_may_write(&[NodeWrites::Range(0x10_0fff, 0x10_1001)], &reads, not_own));
-        assert!(captured_may_write(&[NodeWrites::Nothing, NodeWrites::Unknown], &reads, not_own));
-        // Nothing captured: nothing written.
-        assert!(!captured_may_write(&[], &reads, not_own));
+        assert_eq!(p.settle(&nodes(&[10, 11]), None), Settle::Join);
     }
 
     #[test]

@@ -22,7 +22,7 @@ mod gpu_inject;
 
 use super::backend::{Backend, CheckOutcome, CheckRequest, InjectRequest, Injected, Polled, PreCall};
 use super::config::SketchDetach;
-use super::copy_beside::{captured_may_write, PendingCopies, PendingCopy, Settle, Span, MAX_SCANNED_NODES};
+use super::copy_beside::{PendingCopies, PendingCopy, Settle, Span};
 use crate::device::abi::{self, KernelBuild, QsGemmDesc, QsRowSel};
 use crate::device::gpu::{BranchDeps, CompareRequest, DeviceBuffer, GpuChecker, SketchScratch, SketchWeight};
 use crate::device::pool::DevicePool;
@@ -577,9 +577,6 @@ pub struct GpuBackend {
     /// Diagnosis passes running.
     diagnoses: gpu_diagnose::Diagnoses,
     sketch_detach: SketchDetach,
-    /// A pending copy may run beside captured kernels that cannot write what it reads
-    /// (`QUANTSHADOW_COPY_BESIDE`, [`super::copy_beside`]).
-    copy_beside_kernels: bool,
     /// Pool bytes held by snapshot buffers of captured checks (bounded: a quarter of the pool).
     graph_snapshot_bytes: std::sync::atomic::AtomicU64,
     /// Snapshot buffers of eager detached checks (taken under the sites lock).
@@ -683,7 +680,6 @@ impl GpuBackend {
             inject: Mutex::new(gpu_inject::InjectState::default()),
             diagnoses: gpu_diagnose::Diagnoses::default(),
             sketch_detach: s.sketch_detach,
-            copy_beside_kernels: s.kernels.copy_beside_kernels,
             graph_snapshot_bytes: std::sync::atomic::AtomicU64::new(0),
             eager_snapshots: Mutex::default(),
             eager_scratch: Mutex::default(),
@@ -1549,31 +1545,13 @@ impl GpuBackend {
             return;
         }
         match self.runtime.capture_frontier(stream) {
-            Ok(Some(frontier))
-                if copy.settle(&frontier, call_writes(req), || self.captured_since_clean(&copy))
-                    == Settle::Beside =>
-            {
+            Ok(Some(frontier)) if copy.settle(&frontier, call_writes(req)) == Settle::Beside => {
                 copies.put_back(PendingCopy { beside: true, ..copy })
             }
             _ => {
                 drop(copies);
                 self.add_copy(copy, true, true);
             }
-        }
-    }
-
-    /// Whether the work captured on a pending copy's stream since its GEMM cannot write what the
-    /// copy reads ([`captured_may_write`]; the shim's own kernels write only its buffers). No
-    /// when the driver cannot tell, or when there is more of it than is worth reading.
-    fn captured_since_clean(&self, copy: &PendingCopy<CopyWork>) -> bool {
-        if !self.copy_beside_kernels {
-            return false;
-        }
-        match self.runtime.captured_since(Stream(copy.stream), &copy.after, MAX_SCANNED_NODES) {
-            Ok(Some(nodes)) => {
-                !captured_may_write(&nodes, &copy.reads, |f| self.checker.registry().owns_function(f))
-            }
-            _ => false,
         }
     }
 
@@ -1929,9 +1907,9 @@ impl Backend for GpuBackend {
             }
             return None;
         };
-        // Copies still pending go in front of everything captured after their GEMMs that may
-        // write what they read. No later GEMM of their streams reached before_call (which
-        // settles a pending copy), so theirs are the last checked GEMMs: their checks start right after the copies, beside the
+        // Copies still pending go in front of everything captured after their GEMMs. No later
+        // GEMM of their streams reached before_call (which settles a pending copy), so theirs
+        // are the last checked GEMMs: their checks start right after the copies, beside the
         // capture's last kernels (a decode step's argmax and token bookkeeping after the
         // vocabulary projection) instead of after them.
         let pending = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take_capture(id);
@@ -1939,9 +1917,7 @@ impl Backend for GpuBackend {
             .into_iter()
             .filter_map(|copy| {
                 let into_stream = copy.stream == stream.0;
-                // Beside the capture's last kernels where they cannot write what it reads.
-                let retro = !self.captured_since_clean(&copy);
-                self.add_copy(copy, into_stream, retro)
+                self.add_copy(copy, into_stream, true)
             })
             .collect();
         let checks = self.deferred.lock().unwrap_or_else(|e| e.into_inner()).take(id);
