@@ -330,7 +330,7 @@ struct QsSketchParams {
 // D row and row bias of sampled row t in the call's own formats. Buffer layout (byte offsets in
 // QsSnapParams): this header, the row list u64[count], then the regions.
 struct QsSnapHeader {
-    qs_u64 tag;        // launch tag, (epoch mod 2^31) + 1: never 0 (1 from a lean copy of every row)
+    qs_u64 tag;        // launch tag, (epoch mod 2^31) + 1: never 0 (1 from a copy of every row)
     qs_u64 epoch;      // row epoch the rows were drawn at
     qs_u64 scalars[5]; // codes of the device-pointer scalars: alpha, a_ts, b_ts, beta, d_scale
     qs_u64 status;     // (tag << 32) | QS_STATUS_* bits of the copy (out-of-bounds reads)
@@ -347,8 +347,10 @@ struct QsSnapRegion {
 // bias. Graph replays count the epoch on the device (epoch_counter_ptr: u64, zero at set-up,
 // never reset): every block adds one, so launch L reads values in [L * blocks, (L + 1) *
 // blocks) and all blocks agree on L without a barrier. Eager calls pass the epoch in
-// rows.epoch_value (epoch_counter_ptr 0). The lean copy (qs_sketch_snap_rows) of every row
-// (QS_ROWS_ALL) counts nothing: its header has tag 1 and rows.epoch_value.
+// rows.epoch_value (epoch_counter_ptr 0). A copy of every row (QS_ROWS_ALL) counts nothing:
+// its header has tag 1 and rows.epoch_value. The host gives such copies qs_sketch_snap_all
+// (QsSnapAllParams) where the lean copy applies; qs_sketch_snap_rows keeps its every-row path
+// for calls that kernel's parameters cannot describe (sizes past 32 bits).
 struct QsSnapParams {
     QsGemmDesc g;
     QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value) or ALL

@@ -1737,13 +1737,14 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
             device_alpha: true,
         },
         Variant {
-            // The copy of every row (qs_sketch_snap_all): two slices per row, more vectors in a
-            // slice than threads in a block, and a device-pointer scalar for the header.
-            name: "bf16 device alpha, 7 rows, every row copied",
+            // The copy of every row (qs_sketch_snap_all): 3 slices per row (the grid fills the
+            // GPU), more vectors in an A slice (342) than threads in a block, uneven slices, and
+            // a device-pointer scalar for the header.
+            name: "bf16 device alpha, 100 rows, every row copied",
             scheme: "bf16",
-            m: 7,
-            n: 2832,
-            k: 4112,
+            m: 100,
+            n: 520,
+            k: 8192,
             tweak: none,
             device_alpha: true,
         },
@@ -1955,6 +1956,11 @@ fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
         early_case(checker, (ahead, control), true, false, 0xea03)
             .unwrap_or_else(|e| error_outcome("early", "snapshot copy, then its check", e)),
     );
+    // Every row sampled: the decode copy (qs_sketch_snap_all).
+    out.push(
+        early_case_rows(checker, (ahead, control), true, false, 0xea04, 64)
+            .unwrap_or_else(|e| error_outcome("early", "snapshot copy of every row, then its check", e)),
+    );
     // Last: a driver refusing early starts there turns them off for what follows.
     out.push(probe(Stream::default(), "the legacy default stream (PyTorch's default)"));
     checker.set_early_start(early_was);
@@ -2034,11 +2040,25 @@ fn early_case(
     lean: bool,
     tag: u64,
 ) -> Result<Outcome, String> {
+    early_case_rows(checker, streams, copy, lean, tag, 32)
+}
+
+/// [`early_case`] with `sampled` of the problem's 64 rows checked per call (64: every row, which
+/// a copy takes with `qs_sketch_snap_all`).
+fn early_case_rows(
+    checker: &GpuChecker,
+    streams: (Stream, Stream),
+    copy: bool,
+    lean: bool,
+    tag: u64,
+    sampled: u64,
+) -> Result<Outcome, String> {
+    use quantshadow_runtime::device::gpu::SnapCopy;
     use quantshadow_runtime::device::snapshot::SnapshotLayout;
     let es = |e: &dyn std::fmt::Display| e.to_string();
     let (ahead, control) = streams;
     // 64 rows of a bf16 1024 x 1024 layer, 32 sampled per call (the lean kernel takes 16 or
-    // more): rows drawn from the device epoch, as the shim's checks do.
+    // more): rows drawn from the device epoch, as the shim's checks do; or every row.
     let problem = scheme_problem("bf16", 64, 1024, 1024);
     let inputs = random_inputs(&problem, 0xea71).map_err(|e| es(&e))?;
     let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: true, rows: None })
@@ -2058,13 +2078,15 @@ fn early_case(
     let g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
     let (seed, probes) = (0x0ea7, 32);
     let weight = checker.sketch_weight(&g, f, f, seed, probes).map_err(|e| es(&e))?;
-    let sample = sketch::RowSample::new(seed, g.total_rows(), 32);
+    let sample = sketch::RowSample::new(seed, g.total_rows(), sampled);
+    let every_row = sample.is_all();
     let scratch = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
     let epoch_buf = checker.alloc_zeroed(8).map_err(|e| es(&e))?;
     let layout =
         SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
     let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
     let took_lean = !copy && checker.sketch_takes_lean(&g, &weight, sample.count, false);
+    let every_row_copies = std::cell::Cell::new(0u32);
     let rt = checker.runtime();
     // Runs the work behind the late writer on `on`; returns (flagged, metrics, early launches).
     let run = |on: Stream, call: u64| -> Result<(bool, Metrics, u64), String> {
@@ -2076,6 +2098,7 @@ fn early_case(
             let (c, check) = checker
                 .prepare_detached(&g, &layout, rows, snap.ptr, 0, &weight, &scratch, (tag, call), false)
                 .map_err(|e| es(&e))?;
+            every_row_copies.set(every_row_copies.get() + matches!(c, SnapCopy::EveryRow(_)) as u32);
             run_behind_writer(checker, writer, on, ahead, |on| {
                 checker.launch_copy(&c, on)?;
                 checker.launch_prepared(&check, on)
@@ -2093,20 +2116,25 @@ fn early_case(
     let (control_flagged, cm, _) = run(control, 1)?;
     let one_queue = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").is_ok_and(|v| v.trim() == "1");
     let name = match (copy, lean) {
+        (true, _) if every_row => "snapshot copy of every row, then its check",
         (true, _) => "snapshot copy, then its check",
         (false, true) => "check on the stream [lean kernel]",
         (false, false) => "check on the stream",
     };
+    // A copy of every row must have taken its own kernel (both calls), or this case tests the
+    // other one.
+    let copy_kernel_right = !copy || (every_row_copies.get() == 2) == every_row;
     Ok(outcome(
         "early",
         name,
-        !flagged && early >= 1 && control_flagged && took_lean == lean,
+        !flagged && early >= 1 && control_flagged && took_lean == lean && copy_kernel_right,
         format!(
-            "behind the late writer: cos {:.6} nmse {:.2e} ({}), {early} early launch(es), {} kernel; control on another stream: cos {:.4} ({})",
+            "behind the late writer: cos {:.6} nmse {:.2e} ({}), {early} early launch(es), {} kernel{}; control on another stream: cos {:.4} ({})",
             m.cosine,
             m.nmse,
             if flagged { "FLAGGED: read D before it was written" } else { "honest" },
             if took_lean { "lean" } else if copy { "general (over the snapshot)" } else { "general" },
+            if copy { format!(", {} of 2 copies by qs_sketch_snap_all", every_row_copies.get()) } else { String::new() },
             cm.cosine,
             match (control_flagged, one_queue) {
                 (true, _) => "garbage seen, as it must be",

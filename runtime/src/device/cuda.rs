@@ -920,4 +920,15 @@ mod tests {
             },
         }
     }
+
+    #[test]
+    fn driver_structs_the_shim_zero_initialises_may_be_zero() {
+        // Zero-initialising a struct that holds an enum without a zero value panics, and that
+        // panic cannot unwind: it aborts the host process (session 22 `exp95`, cudarc's
+        // CUDA_MEMCPY3D). Every driver struct the shim zero-initialises is listed here, so that
+        // such a struct fails on a CPU first.
+        // SAFETY: the point of the test; the values are dropped unread.
+        let _: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() }; // launch, early start
+        let _: cu::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() }; // cuda_graph clear_gate
+    }
 }

@@ -140,7 +140,9 @@ impl SnapshotLayout {
     /// `rows.epoch_value`, device-pointer scalars, the status "rows past the end" when `rows`
     /// says more rows than the call has), row list t -> t, regions.
     pub fn every_row_params(&self, g: &QsGemmDesc, rows: QsRowSel, base: u64) -> Option<QsSnapAllParams> {
-        if rows.mode != ROWS_ALL || !Self::lean_copy(g) {
+        // The kernel has no descriptor to check against: the rows it may read are the call's,
+        // and each slot of the snapshot holds a whole row.
+        if rows.mode != ROWS_ALL || rows.total_rows > g.m || !Self::lean_copy(g) {
             return None;
         }
         let (a_bits, d_bits) = (bits_of(g.a.format).ok()?, bits_of(g.d.format).ok()?);
@@ -159,6 +161,10 @@ impl SnapshotLayout {
         {
             (scalar_ptr[i], scalar_bits[i]) = scalar(s)?;
         }
+        let (a_bytes, d_bytes) = (g.k * a_bits / 8, g.n * d_bits / 8);
+        if a_bytes > self.a.row_bytes || d_bytes > self.d.row_bytes {
+            return None; // a layout made for another shape
+        }
         let past_end = if rows.count > rows.total_rows { status::OUT_OF_BOUNDS } else { 0 };
         Some(QsSnapAllParams {
             a_ptr: g.a.ptr,
@@ -173,8 +179,8 @@ impl SnapshotLayout {
             scalar_ptr,
             scalar_bits,
             rows: u32::try_from(rows.count.min(rows.total_rows).min(self.count)).ok()?,
-            a_bytes: u32::try_from(g.k * a_bits / 8).ok()?,
-            d_bytes: u32::try_from(g.n * d_bits / 8).ok()?,
+            a_bytes: u32::try_from(a_bytes).ok()?,
+            d_bytes: u32::try_from(d_bytes).ok()?,
         })
     }
 
@@ -355,6 +361,13 @@ mod tests {
         let mut strided = g;
         strided.a.trans = 1;
         assert!(l.every_row_params(&strided, QsRowSel::all(3), 0x80000).is_none());
+        // Rows past the call's, or a layout of another shape (narrower slots): not this kernel.
+        assert!(l.every_row_params(&g, QsRowSel::all(4), 0x80000).is_none());
+        let mut wider = g;
+        wider.n = 1040;
+        wider.d.ld = 1040;
+        wider.d.extent = 1040 * 3;
+        assert!(l.every_row_params(&wider, QsRowSel::all(3), 0x80000).is_none());
         // The tag is the kernel's.
         let text = super::super::abi::KernelSource::Sketch.text();
         let line = text.lines().find(|l| l.starts_with("#define QS_SNAP_ALL_ROWS_TAG ")).unwrap();
