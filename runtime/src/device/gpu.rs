@@ -388,7 +388,8 @@ pub struct PreparedLaunch<P: KernelParams> {
 
 /// A detached check's snapshot copy: the copy of every row (`qs_sketch_snap_all`, decode) or
 /// the copy kernels of sampled rows and of every layout (`qs_sketch_snap_rows_{a}_{d}`,
-/// `qs_sketch_snap_{a}_{d}`).
+/// `qs_sketch_snap_{a}_{d}`). Not boxed: one is prepared per checked call, without allocating.
+#[allow(clippy::large_enum_variant)]
 pub enum SnapCopy {
     EveryRow(PreparedLaunch<abi::QsSnapAllParams>),
     Rows(PreparedLaunch<abi::QsSnapParams>),
