@@ -79,25 +79,30 @@ def main():
         return x
 
     s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step(static_x)  # eager warm-up: the shim sets its sites up outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = step(static_x)
-    outs = []
-    for i in range(replays):
-        static_x.copy_(rand(graph_rows, K))
-        graph.replay()
-        outs.append(static_y.clone())
-    torch.cuda.synchronize()
-    results["graph_replays"] = digest(torch.stack(outs))
 
-    # Work between the GEMMs of a captured step that writes a GEMM's rows in place (the shim's
-    # snapshot copy of that GEMM must come before it) and work that cannot (the copy may run
-    # beside it): a copy racing the in-place kernels would show as a failed check.
+    def captured_replays(step_fn, static_in):
+        """Eager warm-up (the shim sets its sites up outside the capture), one capture, then
+        `replays` replays on fresh inputs; returns the graph and the digest of every output."""
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step_fn(static_in)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = step_fn(static_in)
+        outs = []
+        for _ in range(replays):
+            static_in.copy_(rand(graph_rows, K))
+            g.replay()
+            outs.append(static_out.clone())
+        torch.cuda.synchronize()
+        return g, digest(torch.stack(outs))
+
+    graph, results["graph_replays"] = captured_replays(step, static_x)
+
+    # Work between the GEMMs of a captured step that writes a GEMM's rows in place: the shim's
+    # snapshot copy of that GEMM must come before it, else the check would see the rows changed.
     w_a, w_b, w_c = rand(K, K), rand(K, K), rand(K, K)
     static_h = rand(graph_rows, K)
 
@@ -109,21 +114,7 @@ def main():
         u = torch.relu(z) * 0.5  # out of place: writes neither z nor h
         return y + u @ w_c.t()
 
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            inplace_step(static_h)
-    torch.cuda.current_stream().wait_stream(s)
-    graph2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph2):
-        static_out = inplace_step(static_h)
-    outs = []
-    for i in range(replays):
-        static_h.copy_(rand(graph_rows, K))
-        graph2.replay()
-        outs.append(static_out.clone())
-    torch.cuda.synchronize()
-    results["graph_inplace_replays"] = digest(torch.stack(outs))
+    _, results["graph_inplace_replays"] = captured_replays(inplace_step, static_h)
     if "--graph-kernels" in sys.argv:
         # Which kernels one replay runs (CUPTI sees inside graphs): e.g. that a check took the
         # lean kernel. Printed only, not hashed.
