@@ -169,7 +169,7 @@ pub fn run(
     for &probes in probe_counts.iter().filter(|_| want("sketch")) {
         // Sketch check per call (weight projection done once, outside the timing).
         emit(&mut report, &format!(
-            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | kernel | general kernel in place, us | detached: copy on the caller's stream, us | detached: check over the copy, us |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | in place, epoch counted on the device, us | kernel | general kernel in place, us | detached: copy on the caller's stream, us | detached: check over the copy, us |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
         ));
         for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
             for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
@@ -204,13 +204,28 @@ pub fn run(
                     let epoch = checker.alloc_zeroed(8).map_err(|e| e.to_string())?;
                     // Drain the ring between timings so it never fills.
                     // Resolved once, as the shim's per-call path does: each call is one launch.
-                    let rows = QsRowSel::sample(&sample, epoch.ptr, 0, true);
-                    let prepared = checker
+                    // As the shim's eager calls, the host counts the row epoch: each call takes
+                    // the next rows (not the same, L2-resident ones) and loads no counter first.
+                    let rows = QsRowSel::sample(&sample, 0, 0, false);
+                    let mut prepared = checker
                         .prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0), false)
                         .map_err(|e| e.to_string())?;
-                    let ms =
-                        time_ms(rt.as_ref(), 50, 5, || checker.launch_prepared(&prepared, Stream::default()))
-                            .map_err(|e| e.to_string())?;
+                    let ms = time_ms(rt.as_ref(), 50, 5, || {
+                        prepared.params.rows.epoch_value += 1;
+                        checker.launch_prepared(&prepared, Stream::default())
+                    })
+                    .map_err(|e| e.to_string())?;
+                    while checker.with_ring(|r| r.poll()).is_some() {}
+                    // Side by side: the epoch counted on the device, as captured checks do (a load
+                    // before the rows are drawn, an add at the end).
+                    let device_rows = QsRowSel::sample(&sample, epoch.ptr, 0, true);
+                    let device_epoch = checker
+                        .prepare_sketch_check(&g, device_rows, &weight, &scratch, a, d, (1, 0), false)
+                        .map_err(|e| e.to_string())?;
+                    let device_ms = time_ms(rt.as_ref(), 50, 5, || {
+                        checker.launch_prepared(&device_epoch, Stream::default())
+                    })
+                    .map_err(|e| e.to_string())?;
                     while checker.with_ring(|r| r.poll()).is_some() {}
                     // The general kernel on the same call, side by side, where the lean one ran.
                     let lean = checker.sketch_takes_lean(&g, &weight, rows.count, false);
@@ -219,8 +234,9 @@ pub fn run(
                         let general =
                             checker.prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0), false);
                         checker.set_lean_sketch(true);
-                        let general = general.map_err(|e| e.to_string())?;
+                        let mut general = general.map_err(|e| e.to_string())?;
                         let ms = time_ms(rt.as_ref(), 50, 5, || {
+                            general.params.rows.epoch_value += 1;
                             checker.launch_prepared(&general, Stream::default())
                         })
                         .map_err(|e| e.to_string())?;
@@ -270,8 +286,9 @@ pub fn run(
                     emit(
                         &mut report,
                         &format!(
-                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {} | {general} | {copy_us} | {check_us} |\n",
+                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {:.1} | {} | {general} | {copy_us} | {check_us} |\n",
                             ms * 1e3,
+                            device_ms * 1e3,
                             if lean { "lean" } else { "general" }
                         ),
                     );

@@ -160,8 +160,12 @@ struct SiteGpu {
     /// eager warm-up calls on another one. Two streams running the same site at the same moment
     /// would share it (not seen in PyTorch or vLLM, where one layer's calls are stream-ordered).
     sketch_rows: HashMap<u64, SketchRowState>,
-    /// Per-site row epoch (device u64), advanced by the last kernel of each check.
+    /// Per-site row epoch (device u64) of captured checks (each replay draws the next rows),
+    /// and of rows/full checks: advanced by the last kernel of each check.
     epoch: DeviceBuffer,
+    /// Row epoch of the site's next eager sketch check on its stream, counted here: the check
+    /// then draws its rows without first loading a device counter, and adds nothing at its end.
+    eager_epoch: u64,
     /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
     /// streams like the sketch scratch.
     rows_state: HashMap<(u64, bool), RowsState>,
@@ -791,6 +795,7 @@ impl GpuBackend {
                     weight: None,
                     sketch_rows: HashMap::new(),
                     epoch,
+                    eager_epoch: 0,
                     rows_state: HashMap::new(),
                     detached: HashMap::new(),
                     c_copies: HashMap::new(),
@@ -927,7 +932,12 @@ impl GpuBackend {
         }
         let weight = site.weight.as_ref().expect("set above");
         let SketchRowState { scratch, gates } = &site.sketch_rows[&key];
-        let rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
+        let rows = if capturing {
+            QsRowSel::sample(&sample, site.epoch.ptr, 0, true)
+        } else {
+            site.eager_epoch += 1;
+            QsRowSel::sample(&sample, 0, site.eager_epoch - 1, false)
+        };
         let mut prepared = self
             .checker
             .prepare_sketch_check_with(
