@@ -1513,7 +1513,13 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
         let epochs = sample.epochs_to_cover();
         let mut slots = Vec::new();
         for e in 0..epochs {
-            let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
+            // The general kernel draws its rows by the device's count (as captured checks do),
+            // the lean one by the host's (as eager checks on the stream do): both 0, 1, 2...
+            let rows = if lean {
+                QsRowSel::sample(&sample, 0, e, false)
+            } else {
+                QsRowSel::sample(&sample, epoch_buf.ptr, 0, true)
+            };
             checker
                 .sketch_check(
                     &g,
@@ -2058,7 +2064,7 @@ fn early_case_rows(
     let es = |e: &dyn std::fmt::Display| e.to_string();
     let (ahead, control) = streams;
     // 64 rows of a bf16 1024 x 1024 layer, 32 sampled per call (the lean kernel takes 16 or
-    // more): rows drawn from the device epoch, as the shim's checks do; or every row.
+    // more), or every row.
     let problem = scheme_problem("bf16", 64, 1024, 1024);
     let inputs = random_inputs(&problem, 0xea71).map_err(|e| es(&e))?;
     let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: true, rows: None })
@@ -2081,7 +2087,6 @@ fn early_case_rows(
     let sample = sketch::RowSample::new(seed, g.total_rows(), sampled);
     let every_row = sample.is_all();
     let scratch = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
-    let epoch_buf = checker.alloc_zeroed(8).map_err(|e| es(&e))?;
     let layout =
         SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
     let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
@@ -2104,7 +2109,8 @@ fn early_case_rows(
                 checker.launch_prepared(&check, on)
             })?
         } else {
-            let rows = QsRowSel::sample(&sample, epoch_buf.ptr, 0, true);
+            // As the shim's eager checks on the stream: the epoch counted on the host.
+            let rows = QsRowSel::sample(&sample, 0, call, false);
             let check = checker
                 .prepare_sketch_check(&g, rows, &weight, &scratch, f, f, (tag, call), false)
                 .map_err(|e| es(&e))?;
