@@ -91,6 +91,7 @@ QS_DEVICE bool qs_isfinitef(float v) { return (qs_f32_bits(v) & 0x7F800000u) != 
 
 QS_DEVICE double qs_fmax(double a, double b) { return a > b ? a : b; }
 QS_DEVICE qs_u64 qs_min_u64(qs_u64 a, qs_u64 b) { return a < b ? a : b; }
+QS_DEVICE unsigned qs_min_u32(unsigned a, unsigned b) { return a < b ? a : b; }
 QS_DEVICE qs_u64 qs_max_u64(qs_u64 a, qs_u64 b) { return a > b ? a : b; }
 
 // ---- memory ordering ----------------------------------------------------------------------

@@ -2244,7 +2244,9 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) qs_sketch_snap_all(QsSnapAllParams P)
     // Slice blockIdx.y of gridDim.y of each row, in 16-byte vectors.
     const unsigned va = P.a_bytes / 16, vd = P.d_bytes / 16, splits = gridDim.y, s = blockIdx.y;
     const unsigned pa = (va + splits - 1) / splits, pd = (vd + splits - 1) / splits;
-    const unsigned a0 = min(s * pa, va), a1 = min(a0 + pa, va), d0 = min(s * pd, vd), d1 = min(d0 + pd, vd);
+    // qs_min_u32 rather than min(): no overload of the runtime compiler's headers needed.
+    const unsigned a0 = qs_min_u32(s * pa, va), a1 = qs_min_u32(a0 + pa, va);
+    const unsigned d0 = qs_min_u32(s * pd, vd), d1 = qs_min_u32(d0 + pd, vd);
     const uint4* sa = (const uint4*)(P.a_ptr + t * P.a_ld_bytes) + a0;
     uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes) + a0;
     const uint4* sd = (const uint4*)(P.d_ptr + t * P.d_ld_bytes) + d0;
