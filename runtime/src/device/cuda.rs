@@ -167,7 +167,12 @@ fn check_nvrtc(call: &'static str, status: nvrtc::nvrtcResult) -> Result<(), Dev
     if status == nvrtc::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(DeviceError::Call { call, code: status as i32, message: format!("{status:?}") })
+        // The code as an integer: an NVRTC newer than cudarc's enum may return a value it lacks.
+        Err(DeviceError::Call {
+            call,
+            code: status as i32,
+            message: format!("nvrtcResult {}", status as i32),
+        })
     }
 }
 

@@ -37,7 +37,8 @@ fn status(call: &str, s: cu::CUresult) -> Result<(), String> {
     if s == cu::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(format!("{call} failed ({s:?})"))
+        // The code as an integer: a driver newer than cudarc's enum may return a value it lacks.
+        Err(format!("{call} failed (CUresult {})", s as i32))
     }
 }
 

@@ -140,8 +140,9 @@ impl SnapshotLayout {
     /// `rows.epoch_value`, device-pointer scalars, the status "rows past the end" when `rows`
     /// says more rows than the call has), row list t -> t, regions.
     pub fn every_row_params(&self, g: &QsGemmDesc, rows: QsRowSel, base: u64) -> Option<QsSnapAllParams> {
-        // The kernel has no descriptor to check against: the rows it may read are the call's,
-        // and each slot of the snapshot holds a whole row.
+        // A defence, not a fallback: the rows read must be the call's and each slot must hold a
+        // whole row. A layout belongs to one site's shape (N and K are part of the site), so
+        // every caller meets both; the other copy kernels do not check them either.
         if rows.mode != ROWS_ALL || rows.total_rows > g.m || !Self::lean_copy(g) {
             return None;
         }

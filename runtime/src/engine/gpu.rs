@@ -163,8 +163,9 @@ struct SiteGpu {
     /// Per-site row epoch (device u64) of captured checks (each replay draws the next rows),
     /// and of rows/full checks: advanced by the last kernel of each check.
     epoch: DeviceBuffer,
-    /// Row epoch of the site's next eager sketch check on its stream, counted here: the check
-    /// then draws its rows without first loading a device counter, and adds nothing at its end.
+    /// Row epoch of the site's next eager sketch check of sampled rows on its stream, counted
+    /// here: the check then draws its rows without first loading a device counter, and adds
+    /// nothing at its end.
     eager_epoch: u64,
     /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
     /// streams like the sketch scratch.
@@ -932,11 +933,11 @@ impl GpuBackend {
         }
         let weight = site.weight.as_ref().expect("set above");
         let SketchRowState { scratch, gates } = &site.sketch_rows[&key];
-        let rows = if capturing {
+        let rows = if capturing || req.device_gate.is_some() {
+            // Each replay draws new rows; a gated check advances the count only when it runs.
             QsRowSel::sample(&sample, site.epoch.ptr, 0, true)
         } else {
-            site.eager_epoch += 1;
-            QsRowSel::sample(&sample, 0, site.eager_epoch - 1, false)
+            eager_rows(&sample, &mut site.eager_epoch)
         };
         let mut prepared = self
             .checker
@@ -1695,6 +1696,16 @@ impl GpuBackend {
     }
 }
 
+/// The rows of an eager check on the caller's stream, drawn by the site's host-counted epoch
+/// `next`. Only checks of sampled rows move the count on, as they move the device counter: a
+/// site's decode calls (every row) between two prefills must not make the prefills' windows
+/// skip (M rows in windows of 256: a skip of a multiple of M / 256 draws the same rows again).
+fn eager_rows(sample: &crate::sketch::RowSample, next: &mut u64) -> QsRowSel {
+    let epoch = *next;
+    *next += !sample.is_all() as u64;
+    QsRowSel::sample(sample, 0, epoch, false)
+}
+
 /// The bytes a call writes, for a pending copy deciding whether it may run beside the call:
 /// D, or None (unknown: never beside) for pointer arrays, inputs that fault injection rewrites in
 /// place around the call, an amax output, and C overwritten in place (the shim first copies C
@@ -2021,6 +2032,26 @@ mod tests {
             assert!(reasons.iter().all(|r| r.starts_with("kernel compile failed")), "{reasons:?}");
             assert_eq!(rt.compiles.load(Ordering::SeqCst) - before, 1, "sync {sync_compile}: compiled once");
         }
+    }
+
+    #[test]
+    fn eager_checks_cover_every_row_of_a_prefill_between_decode_calls() {
+        use crate::sketch::RowSample;
+        let (prefill, decode) = (RowSample::new(7, 1024, 256), RowSample::new(7, 1, 256));
+        let mut next = 0;
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..4 {
+            let rows = eager_rows(&prefill, &mut next);
+            assert_eq!((rows.epoch_ptr, rows.advance_epoch, rows.mode), (0, 0, abi::ROWS_PERM));
+            seen.extend(prefill.rows(rows.epoch_value));
+            // The request's other 127 tokens at the same site: every row, no epoch used up
+            // (counted, the prefills' epochs would be 128 apart: the same window each time).
+            for _ in 0..127 {
+                assert_eq!(eager_rows(&decode, &mut next).mode, abi::ROWS_ALL);
+            }
+        }
+        assert_eq!(next, 4);
+        assert_eq!(seen.len(), 1024, "four prefill checks of 256 rows cover all 1024 rows");
     }
 
     /// A small pool and ring, synchronous compiles, the default detach policy.
