@@ -347,10 +347,9 @@ struct QsSnapRegion {
 // bias. Graph replays count the epoch on the device (epoch_counter_ptr: u64, zero at set-up,
 // never reset): every block adds one, so launch L reads values in [L * blocks, (L + 1) *
 // blocks) and all blocks agree on L without a barrier. Eager calls pass the epoch in
-// rows.epoch_value (epoch_counter_ptr 0). A copy of every row (QS_ROWS_ALL) counts nothing:
-// its header has tag 1 and rows.epoch_value. The host gives such copies qs_sketch_snap_all
-// (QsSnapAllParams) where the lean copy applies; qs_sketch_snap_rows keeps its every-row path
-// for calls that kernel's parameters cannot describe (sizes past 32 bits).
+// rows.epoch_value (epoch_counter_ptr 0). Where the lean copy applies, the host gives a copy of
+// every row (QS_ROWS_ALL) qs_sketch_snap_all (QsSnapAllParams), which counts nothing (tag 1);
+// calls its 32-bit sizes cannot describe take the counted copy.
 struct QsSnapParams {
     QsGemmDesc g;
     QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value) or ALL

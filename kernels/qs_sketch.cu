@@ -2142,11 +2142,24 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP(QsSnapParams P) {
 // (snapshot.rs `lean_copy`): one batch item, contiguous op(A) rows and row-major D rows of byte
 // formats whose slices are whole 16-byte vectors inside the buffers, and no C, A scales or row
 // bias (device-pointer scalars, such as FP8 tensor scales, are copied into the header). Same
-// parameters, grid and result as QS_SKETCH_SNAP, except that a copy of every row has the
-// host's epoch in its header, not a launch count (qs_snap_all_rows); its small code is the point: the general
-// kernel's size costs ~1.1 us per copy in a decode graph (H100, instruction fetch after each
+// parameters, grid and result as QS_SKETCH_SNAP (a copy of every row takes qs_sketch_snap_all
+// where its 32-bit sizes hold); its small code is the point: the general kernel's size costs ~1.1 us per copy in a decode graph (H100, instruction fetch after each
 // GEMV; 0.8 us per FP8 copy node, docs/measurements/2026-11-26-h100-batched-checks.md).
 #define QS_SKETCH_SNAP_ROWS QS_CAT5(qs_sketch_snap_rows_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+
+// `na` 16-byte vectors from `sa` to `da` and `nd` from `sd` to `dd` over the block's threads;
+// both rows' loads of an iteration are issued before their stores. `I`: the counts' type (the
+// every-row copy keeps to 32 bits).
+template <typename I>
+QS_DEVICE void qs_copy_row_pair(const uint4* sa, uint4* da, I na, const uint4* sd, uint4* dd, I nd) {
+    for (I v = threadIdx.x; v < (na > nd ? na : nd); v += blockDim.x) {
+        uint4 x, y;
+        if (v < na) x = sa[v];
+        if (v < nd) y = sd[v];
+        if (v < na) da[v] = x;
+        if (v < nd) dd[v] = y;
+    }
+}
 
 // Row t's slice (blockIdx.y of gridDim.y) of op(A) and D into the snapshot, and the row list.
 QS_DEVICE void qs_snap_rows_slice(const QsSnapParams& P, qs_u64 t, qs_u64 row) {
@@ -2161,53 +2174,20 @@ QS_DEVICE void qs_snap_rows_slice(const QsSnapParams& P, qs_u64 t, qs_u64 row) {
     uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes + ka * a_bytes);
     const uint4* sd = (const uint4*)((const qs_u8*)g.d.ptr + (row * g.d.ld + na) * d_bytes);
     uint4* dd = (uint4*)(out + P.d.off + t * P.d.row_bytes + na * d_bytes);
-    const qs_u64 va = (kb - ka) * a_bytes / 16, vd = (nb - na) * d_bytes / 16;
-    // Both rows' loads of an iteration are issued before their stores.
-    for (qs_u64 v = threadIdx.x; v < (va > vd ? va : vd); v += blockDim.x) {
-        uint4 x, y;
-        if (v < va) x = sa[v];
-        if (v < vd) y = sd[v];
-        if (v < va) da[v] = x;
-        if (v < vd) dd[v] = y;
-    }
+    qs_copy_row_pair<qs_u64>(sa, da, (kb - ka) * a_bytes / 16, sd, dd, (nb - na) * d_bytes / 16);
 }
 
 // Header tag of a copy of every row (QS_ROWS_ALL): constant, the rows do not depend on the epoch.
 #define QS_SNAP_ALL_ROWS_TAG 1ull
 
-// A copy of every row (QS_ROWS_ALL; decode: one row) needs no launch count: its rows do not
-// depend on an epoch, and block (0, 0) writes the whole header (tag, the host's epoch, scalars,
-// status) without waiting for the other blocks. The count's round trip and the barrier before
-// the header cost ~0.25 us per copy node in a decode graph (H100, session 21 `exp87`). The only
-// status a copy of every row can raise, rows past the end, depends on the parameters alone:
-// block (0, 0) computes it for all blocks (no merge between blocks, no stale bits).
-QS_DEVICE void qs_snap_all_rows(const QsSnapParams& P) {
-    const QsGemmDesc& g = P.g;
-    qs_wait_prior_grid();  // an early start: the production GEMM's A, D and scalars after this
-    if (blockIdx.x == 0 && blockIdx.y == 0) {
-        QsSnapHeader* hdr = (QsSnapHeader*)P.out_ptr;
-        if (threadIdx.x < 5) {
-            hdr->scalars[threadIdx.x] = qs_snap_scalar(threadIdx.x == 0   ? g.alpha
-                                                       : threadIdx.x == 1 ? g.a_tensor_scale
-                                                       : threadIdx.x == 2 ? g.b_tensor_scale
-                                                       : threadIdx.x == 3 ? g.beta
-                                                                          : g.d_scale);
-        } else if (threadIdx.x == QS_WARP_SIZE) {
-            const qs_u64 bits = P.rows.count > P.rows.total_rows ? QS_STATUS_OUT_OF_BOUNDS : 0u;
-            hdr->tag = QS_SNAP_ALL_ROWS_TAG;
-            hdr->epoch = P.rows.epoch_value;
-            hdr->status = (QS_SNAP_ALL_ROWS_TAG << 32) | bits;
-        }
-    }
-    const qs_u64 t = blockIdx.x;
-    if (t < P.rows.count && t < P.rows.total_rows) qs_snap_rows_slice(P, t, t);
-}
-
 // qs_sketch_snap_all: the copy of every row (QsSnapAllParams) for the calls the lean copy serves.
 // In a decode graph each copy node sits on the production chain right after its GEMM, so its
 // code and parameters are kept to what that copy needs: QS_SKETCH_SNAP_ROWS's code and 672-byte
 // parameters cost ~0.3 us more per node (Llama small graph decode, H100, session 22 `exp93`).
-// Block (0, 0) writes the header without waiting for the other blocks, as qs_snap_all_rows.
+// It needs no launch count (its rows do not depend on an epoch), and block (0, 0) writes the
+// whole header (tag 1, the host's epoch, scalars, the host's status: rows past the end is the
+// only one, known from the parameters) without waiting for the other blocks: the count's round
+// trip and a barrier before the header cost ~0.25 us per copy node (H100, session 21 `exp87`).
 QS_DEVICE qs_u64 qs_snap_all_scalar(qs_u64 ptr, qs_u32 bits) {
     if (!ptr) return 0;
     const qs_u8* p = (const qs_u8*)ptr;  // element 0's code, as qs_load_code_rt
@@ -2251,22 +2231,10 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK) qs_sketch_snap_all(QsSnapAllParams P)
     uint4* da = (uint4*)(out + P.a.off + t * P.a.row_bytes) + a0;
     const uint4* sd = (const uint4*)(P.d_ptr + t * P.d_ld_bytes) + d0;
     uint4* dd = (uint4*)(out + P.d.off + t * P.d.row_bytes) + d0;
-    const unsigned na = a1 - a0, nd = d1 - d0;
-    // Both rows' loads of an iteration are issued before their stores.
-    for (unsigned v = threadIdx.x; v < (na > nd ? na : nd); v += blockDim.x) {
-        uint4 x, y;
-        if (v < na) x = sa[v];
-        if (v < nd) y = sd[v];
-        if (v < na) da[v] = x;
-        if (v < nd) dd[v] = y;
-    }
+    qs_copy_row_pair<unsigned>(sa, da, a1 - a0, sd, dd, d1 - d0);
 }
 
 QS_GLOBAL void __launch_bounds__(QS_BLOCK) QS_SKETCH_SNAP_ROWS(QsSnapParams P) {
-    if (P.rows.mode == QS_ROWS_ALL) {
-        qs_snap_all_rows(P);
-        return;
-    }
     __shared__ qs_u64 s_epoch;
     __shared__ qs_u32 s_status;
     const QsGemmDesc& g = P.g;
