@@ -319,8 +319,11 @@ struct QsSketchParams {
     // itself). The check reports the snapshot's epoch and status, and row t as the header's
     // rows[t].
     qs_u64 packed_ptr;
-    // qs_sketch_lean only: W_R in fragment order (QsWprojParams::frag_ptr).
+    // qs_sketch_lean, qs_sketch_proj and qs_sketch_fin: W_R in fragment order
+    // (QsWprojParams::frag_ptr).
     qs_u64 wfrag_ptr;
+    // qs_sketch_proj and qs_sketch_fin only: the split check's buffer (QsSplitHeader below).
+    qs_u64 split_ptr;
 };
 
 // Detached sketch (DESIGN.md; runtime/src/engine/gpu.rs "detached"): qs_sketch_snap_{a}_{d}
@@ -465,6 +468,27 @@ struct QsSketchRow {
     qs_f64 dot, prod_sq, ref_sq;
 };
 
+// Split sketch check (eager calls, CUDA sm_90+): qs_sketch_proj_{a}_{d} runs on the caller's
+// stream and leaves the projections of the sampled rows in a buffer of its own; then
+// qs_sketch_fin_{a}_{d}, on a side stream, finishes them into the ring exactly as the lean check
+// would (same sums in the same order). The caller's stream pays for the projections only. Buffer
+// (split_ptr): this header, QsSplitRow rows[groups * 32], then f32 partials[groups][8 splits]
+// [2: A W_R, D R][32 rows][kp]. The projections' own status bits and D counts go into the header
+// (their launch's status_ptr and totals_ptr point there); the finishing folds them into the
+// check's and leaves them zero for the buffer's next use.
+struct QsSplitHeader {
+    QsSketchTotals totals;  // elem_nonfinite only
+    qs_u64 status;          // QS_STATUS_* bits (low word)
+    qs_f64 scalar[5];       // alpha, a tensor scale, b tensor scale, beta, d_scale
+    qs_u64 reserved[2];
+};
+
+// A sampled row of a split check: its global row (~0: not checked) and row-axis bias.
+struct QsSplitRow {
+    qs_u64 row;
+    qs_f64 rowbias;
+};
+
 struct QsComparePartial {
     QsSums sums;
     QsWorst worst;
@@ -503,7 +527,9 @@ static_assert(sizeof(QsResultSlot) == 1152, "QsResultSlot");
 static_assert(sizeof(QsRefParams) == 632, "QsRefParams");
 static_assert(sizeof(QsPrepParams) == 96, "QsPrepParams");
 static_assert(sizeof(QsWprojParams) == 184, "QsWprojParams");
-static_assert(sizeof(QsSketchParams) == 776, "QsSketchParams");
+static_assert(sizeof(QsSketchParams) == 784, "QsSketchParams");
+static_assert(sizeof(QsSplitHeader) == 704, "QsSplitHeader");
+static_assert(sizeof(QsSplitRow) == 16, "QsSplitRow");
 static_assert(sizeof(QsSnapHeader) == 64, "QsSnapHeader");
 static_assert(sizeof(QsSnapParams) == 672, "QsSnapParams");
 static_assert(sizeof(QsSnapAllParams) == 160, "QsSnapAllParams");
@@ -535,6 +561,7 @@ static_assert(QS_OFF(QsWprojParams, k_dim) == 112 && QS_OFF(QsWprojParams, kp) =
 static_assert(QS_OFF(QsSnapAllParams, epoch) == 72 && QS_OFF(QsSnapAllParams, scalar_bits) == 128, "QsSnapAllParams");
 static_assert(QS_OFF(QsSnapAllParams, rows) == 148 && QS_OFF(QsSnapAllParams, d_bytes) == 156, "QsSnapAllParams");
 static_assert(QS_OFF(QsSketchParams, ring) == 584 && QS_OFF(QsSketchParams, tag) == 616, "QsSketchParams");
+static_assert(QS_OFF(QsSplitHeader, status) == 640 && QS_OFF(QsSplitHeader, scalar) == 648, "QsSplitHeader");
 static_assert(QS_OFF(QsSketchParams, row_stats_ptr) == 712 && QS_OFF(QsSketchParams, k) == 720, "QsSketchParams");
 static_assert(QS_OFF(QsCompareParams, rows) == 48 && QS_OFF(QsCompareParams, ring) == 120, "QsCompareParams");
 static_assert(QS_OFF(QsCompareParams, m) == 168 && QS_OFF(QsCompareParams, kind) == 240, "QsCompareParams");

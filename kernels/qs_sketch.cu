@@ -19,6 +19,7 @@
 //   qs_sketch_wproj_{b}            W_R = op(B)_ref R, and its fragment order (once per weight)
 //   qs_sketch_check_{a}_{d}        the per-call check, results into the ring
 //   qs_sketch_lean_{a}_{d}         the same check for common calls on CUDA sm_90+ (clusters)
+//   qs_sketch_proj_{a}_{d}, qs_sketch_fin_{a}_{d}  the lean check split in two (eager calls)
 #include "qs_device.h"
 
 #if !defined(QS_A_FMT) || !defined(QS_B_FMT) || !defined(QS_D_FMT)
@@ -1597,7 +1598,9 @@ QS_DEVICE void qs_sketch_claim_early(const QsSketchParams& P, unsigned lane) {
     }
 }
 
-template <int KP>
+// PROJ: the projections of a split check (qs_sketch_proj): a plain grid, no cluster; the block
+// leaves its sums and its rows' finishing inputs in the split buffer and ends there.
+template <int KP, bool PROJ>
 QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm) {
     constexpr int MT = QS_WFRAG_TILES(KP);  // 16-probe tiles
     constexpr int NT = QS_LEAN_ROWS / 8;    // 8-row tiles
@@ -1617,7 +1620,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     const qs_u64 st = P.status_ptr;
     // The split is the block's rank in its cluster (0..7 whatever the grid: a malformed grid is
     // refused by `valid`, and shared memory is never indexed past the cluster).
-    const unsigned gi = blockIdx.x, si = qs_cluster_rank();
+    const unsigned gi = blockIdx.x, si = PROJ ? blockIdx.y : qs_cluster_rank();
     qs_u64 k0, k1, n0, n1;
     qs_slice(g.k, si, QS_LEAN_SPLITS, &k0, &k1);
     qs_slice(g.n, si, QS_LEAN_SPLITS, &n0, &n1);
@@ -1698,7 +1701,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // Distributed shared memory may be written only once every block of the cluster runs: this
     // arrival, waited for before the first remote store, guarantees it at no cost by then.
     // Relaxed: a release arrival would wait for the W_R loads in flight (~1.7 us on an H100).
-    qs_cluster_arrive_relaxed();
+    if (!PROJ) qs_cluster_arrive_relaxed();
     bool prologue = warp < (unsigned)FIN;  // the finishing stage's scalars and row biases
     // Everything above reads only this tool's memory (row epoch, W_R, signs); A, D, the scalars
     // and row biases may be the production GEMM's, which an early start may still be running.
@@ -1724,7 +1727,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
                 for (int c = 0; c < 4; ++c) acc.v[x][mt][nt][c] = 0.0f;
     qs_u64 nan_d = 0, inf_d = 0;
     qs_u32 nonfinite = 0;
-    bool claim = gi == 0 && si == 0 && warp == QS_WARPS_PER_BLOCK - 1;
+    bool claim = !PROJ && gi == 0 && si == 0 && warp == QS_WARPS_PER_BLOCK - 1;
 #if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
     qs_u64 tm_it[4] = {0, 0, 0, 0};  // experiment builds: when warp 0's iterations start
     unsigned n_it = 0;
@@ -1859,8 +1862,34 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         for (int x = 0; x < ACC; ++x) sm.u.tree[warp][x][lane] = a[x];
     }
     __syncthreads();
-    qs_cluster_wait();  // every block of the cluster runs (the relaxed arrival above)
     static_assert(ACC * QS_WARP_SIZE % QS_BLOCK == 0, "tree values per thread");
+    if constexpr (PROJ) {
+        // The split check: the sums the cluster below would store into the finishing block's
+        // shared memory go to this block's place in the buffer, with the finishing inputs of
+        // its FIN rows (qs_sketch_fin then adds the splits in the same order).
+        QsSplitHeader* hdr = (QsSplitHeader*)P.split_ptr;
+        QsSplitRow* srows = (QsSplitRow*)(P.split_ptr + sizeof(QsSplitHeader));
+        float* part = (float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) +
+                      ((qs_u64)gi * QS_LEAN_SPLITS + si) * 2 * QS_LEAN_ROWS * KP;
+#pragma unroll
+        for (int j = 0; j < ACC * QS_WARP_SIZE / QS_BLOCK; ++j) {
+            const unsigned v = threadIdx.x + (unsigned)j * QS_BLOCK, x = v / QS_WARP_SIZE, l = v % QS_WARP_SIZE;
+            const unsigned c = x % 4, nt = (x / 4) % NT, mt = (x / (4 * NT)) % MT, which = x / (4 * NT * MT);
+            if (KP == 8 && c >= 2) continue;  // the padding probes of kp = 8
+            const float sum = (sm.u.tree[0][x][l] + sm.u.tree[1][x][l]) + (sm.u.tree[2][x][l] + sm.u.tree[3][x][l]);
+            const unsigned p = 16u * mt + (l >> 2) + 8u * (c >> 1), r = 8u * nt + 2u * (l & 3u) + (c & 1u);
+            part[(which * QS_LEAN_ROWS + r) * KP + p] = sum;
+        }
+        if (threadIdx.x < (unsigned)FIN) {
+            const QsLeanRow r = sm.rows[FIN * si + threadIdx.x];
+            QsSplitRow& out = srows[(qs_u64)gi * QS_LEAN_ROWS + FIN * si + threadIdx.x];
+            out.row = r.active ? r.row : ~0ull;
+            out.rowbias = sm.rowbias[threadIdx.x];
+        }
+        if (gi == 0 && si == 0 && threadIdx.x < 5) hdr->scalar[threadIdx.x] = sm.scalar[threadIdx.x];
+        return;
+    }
+    qs_cluster_wait();  // every block of the cluster runs (the relaxed arrival above)
 #pragma unroll
     for (int j = 0; j < ACC * QS_WARP_SIZE / QS_BLOCK; ++j) {
         const unsigned v = threadIdx.x + (unsigned)j * QS_BLOCK, x = v / QS_WARP_SIZE, l = v % QS_WARP_SIZE;
@@ -1922,27 +1951,116 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     QS_TM_REPORT(tm_group, tm_final, tm_claim, 2);
 }
 
-QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS, 1) QS_SKETCH_LEAN(QsSketchParams P) {
+// The calls the lean check (and the split check's two kernels) can take: the host's rule
+// (gpu.rs `sketch_takes_lean`), checked again so that a wrong launch is refused, not misread.
+QS_DEVICE bool qs_lean_valid(const QsSketchParams& P) {
     const QsGemmDesc& g = P.g;
-    const bool valid = g.a.format == QS_A_FMT && g.d.format == QS_D_FMT && blockDim.x == QS_BLOCK &&
-                       P.rows_per_group == QS_LEAN_ROWS && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS &&
-                       P.k >= 1 && P.k <= P.kp && g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
-                       P.wfrag_ptr != 0 && (P.wfrag_ptr & 15u) == 0 && P.wr_batch_stride == 0 && g.c.ptr == 0 &&
-                       g.a_scale.ptr == 0 && qs_op_strides(g.a).cs == 1 && g.d.order == QS_ORDER_ROW &&
-                       g.k % 32 == 0 && g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
+    return g.a.format == QS_A_FMT && g.d.format == QS_D_FMT && blockDim.x == QS_BLOCK &&
+           P.rows_per_group == QS_LEAN_ROWS && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS &&
+           P.k >= 1 && P.k <= P.kp && g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
+           P.wfrag_ptr != 0 && (P.wfrag_ptr & 15u) == 0 && P.wr_batch_stride == 0 && g.c.ptr == 0 &&
+           g.a_scale.ptr == 0 && qs_op_strides(g.a).cs == 1 && g.d.order == QS_ORDER_ROW && g.k % 32 == 0 &&
+           g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
+}
+
+QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS, 1) QS_SKETCH_LEAN(QsSketchParams P) {
+    const bool valid = qs_lean_valid(P);
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
     if (!qs_gate_take(P.gate_ptr, P.gate_first, P.gate_every)) {
         qs_wait_prior_grid();  // every block waits for the GEMM ahead whatever its path
         return;
     }
-    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V>(P, valid, sm); });
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, false>(P, valid, sm); });
     qs_wait_prior_grid();  // returns at once after the body's wait; covers any path without it
 }
+
+// ================================================================================================
+// qs_sketch_proj_{a}_{d} and qs_sketch_fin_{a}_{d}: the lean check split in two (QsSplitHeader in
+// qs_abi.h). An eager check's serial part after the projections (cluster merge, row finishing,
+// last-block count, ring slot: ~6.5 us at 4096 x 4096 on an H100) leaves the caller's stream:
+// the projections run there (grid as the lean check's, no cluster), the finishing on a side
+// stream behind an event. Eager only (the host never gates or captures them).
+// ================================================================================================
+#define QS_SKETCH_PROJ QS_CAT5(qs_sketch_proj_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+#define QS_SKETCH_FIN QS_CAT5(qs_sketch_fin_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+
+QS_DEVICE bool qs_split_valid(const QsSketchParams& P) {
+    return qs_lean_valid(P) && P.split_ptr != 0 && (P.split_ptr & 15u) == 0 && P.gate_ptr == 0 && P.packed_ptr == 0;
+}
+
+// Launch parameters: status_ptr and totals_ptr point into the split buffer's header.
+QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_PROJ(QsSketchParams P) {
+    const bool valid = qs_split_valid(P);
+    __shared__ QsLeanSmem sm;
+    QS_TM_BLOCK_START();
+    if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
+    if (P.split_ptr == 0) return;  // nowhere to write; the finishing reports the bad launch
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true>(P, valid, sm); });
+}
+
+// Block (g, s) finishes rows FIN s + w of group g (warp w < FIN) from the splits' sums, as the
+// lean check's block of rank s does after its cluster merge; the last block publishes the slot.
+template <int KP>
+QS_DEVICE void qs_split_finish_body(const QsSketchParams& P, bool valid, QsSketchSmem& sm) {
+    constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;
+    const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
+    const unsigned gi = blockIdx.x, si = blockIdx.y;
+    QsSplitHeader* hdr = (QsSplitHeader*)P.split_ptr;
+    const QsSplitRow* srows = (const QsSplitRow*)(P.split_ptr + sizeof(QsSplitHeader));
+    const float* part =
+        (const float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) + (qs_u64)gi * QS_LEAN_SPLITS * 2 * QS_LEAN_ROWS * KP;
+    if (gi == 0 && si == 0 && warp == QS_WARPS_PER_BLOCK - 1) qs_sketch_claim_early(P, lane);
+    const unsigned lr = FIN * si + (warp % FIN);
+    const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + lr;
+    const qs_u64 row = srows[t].row;
+    const bool active = valid && warp < (unsigned)FIN && row != ~0ull;
+    double xa = 0.0, ya = 0.0;
+    if (warp < (unsigned)FIN && lane < P.k) {
+#pragma unroll
+        for (int s = 0; s < QS_LEAN_SPLITS; ++s) {
+            xa += (double)part[((s * 2 + 0) * QS_LEAN_ROWS + lr) * KP + lane];
+            ya += (double)part[((s * 2 + 1) * QS_LEAN_ROWS + lr) * KP + lane];
+        }
+    }
+    if (threadIdx.x < 5) sm.scalar[threadIdx.x] = hdr->scalar[threadIdx.x];
+    if (lane == 0 && warp < (unsigned)FIN) sm.rowbias[warp] = srows[t].rowbias;
+    if (gi == 0 && si == 0 && threadIdx.x == QS_WARP_SIZE) {
+        // The projections' status bits and D counts into the check's (before this block's
+        // last-block count), then zero for the buffer's next use.
+        const qs_u32 st = (qs_u32)hdr->status;
+        if (st) qs_flag(P.status_ptr, st);
+        hdr->status = 0;
+        QsSketchTotals* totals = (QsSketchTotals*)P.totals_ptr;
+        for (int i = 0; i < 2; ++i) {
+            const qs_u64 c = hdr->totals.elem_nonfinite[i];
+            if (c) qs_red_add_u64(&totals->elem_nonfinite[i], c);
+            hdr->totals.elem_nonfinite[i] = 0;
+        }
+    }
+    __syncthreads();
+    qs_sketch_finish_rows<KP>(P, sm, t, row, active, lane, warp, xa, ya, 0.0);
+    if (!qs_last_block((qs_u32*)P.counters_ptr, gridDim.x * gridDim.y)) return;
+    qs_sketch_finish_check(P, sm, valid, qs_rows_epoch(P.rows), true);
+}
+
+QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_FIN(QsSketchParams P) {
+    const bool valid = qs_split_valid(P);
+    __shared__ QsSketchSmem sm;
+    if (P.split_ptr == 0) {  // nothing to finish from: the check is reported, refused
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
+        return;
+    }
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_split_finish_body<decltype(k)::V>(P, valid, sm); });
+}
 #else
-// Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entry exists so that every
-// program of these formats has the same entries; the host never launches it here.
+// Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entries exist so that every
+// program of these formats has the same entries; the host never launches them here.
+#define QS_SKETCH_PROJ QS_CAT5(qs_sketch_proj_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+#define QS_SKETCH_FIN QS_CAT5(qs_sketch_fin_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 QS_GLOBAL void QS_SKETCH_LEAN(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
+QS_GLOBAL void QS_SKETCH_PROJ(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
+QS_GLOBAL void QS_SKETCH_FIN(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
 #endif
 #endif
 

@@ -316,6 +316,7 @@ fn gpu_selftest(checker: &GpuChecker, quick: bool, only: &[String]) -> Vec<Outco
     }
     if run("detached") {
         out.extend(gpu_sketch_detached(checker));
+        out.extend(gpu_sketch_split(checker));
     }
     if run("early") {
         out.extend(gpu_early_start(checker));
@@ -1802,6 +1803,151 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
         format!("cases by copy: {every_row} every-row, {lean} lean, {general} general"),
     ));
     out
+}
+
+/// Split checks (eager calls, CUDA sm_90+, qs_abi.h QsSplitHeader): the projections on one
+/// stream and the finishing on another, behind an event, must give what the lean check gives in
+/// place over the same rows. One buffer serves every epoch of a case, so a count the finishing
+/// failed to reset shows up in the next epoch.
+fn gpu_sketch_split(checker: &GpuChecker) -> Vec<Outcome> {
+    const SECTION: &str = "sketch split";
+    if !quantshadow_runtime::device::gpu::lean_sketch_device(&checker.info) {
+        return vec![outcome(
+            SECTION,
+            "split check",
+            true,
+            "not on this device (needs CUDA sm_90+): never taken",
+        )];
+    }
+    // (name, scheme, m, n, k, probes, device alpha, a NaN planted at (row, column) of D)
+    let cases: [(&str, &str, u64, u64, u64, u32, bool, Option<(u64, u64)>); 4] = [
+        ("bf16, 300 rows (256 sampled), k = 32", "bf16", 300, 1024, 2048, 32, false, None),
+        ("fp8 tensor-wise, device alpha, 1000 rows, k = 16", "fp8-tensor", 1000, 512, 1024, 16, true, None),
+        (
+            "bf16, 40 rows (a partial group), k = 8, a NaN in D",
+            "bf16",
+            40,
+            256,
+            512,
+            8,
+            false,
+            Some((17, 33)),
+        ),
+        ("fp8 tensor-wise, 4096 x 544 x 256, k = 32", "fp8-tensor", 4096, 544, 256, 32, false, None),
+    ];
+    let lean_was = checker.lean_sketch();
+    checker.set_lean_sketch(true);
+    let out = cases
+        .iter()
+        .map(|&(name, scheme, m, n, k, probes, device_alpha, nan)| {
+            let case = format!("split = lean in place: {name}");
+            split_case(checker, scheme, m, n, k, probes, device_alpha, nan)
+                .map(|(pass, detail)| outcome(SECTION, case.clone(), pass, detail))
+                .unwrap_or_else(|e| error_outcome(SECTION, case, e))
+        })
+        .collect();
+    checker.set_lean_sketch(lean_was);
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn split_case(
+    checker: &GpuChecker,
+    scheme: &str,
+    m: u64,
+    n: u64,
+    k: u64,
+    probes: u32,
+    device_alpha: bool,
+    nan: Option<(u64, u64)>,
+) -> Result<(bool, String), String> {
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    let problem = scheme_problem(scheme, m, n, k);
+    let mut inputs = random_inputs(&problem, 0x5b17 + m).map_err(|e| es(&e))?;
+    let problem = with_tensor_scales(problem, &inputs);
+    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
+        .map_err(|e| es(&e))?;
+    let mut rng = SplitMix64::new(6);
+    let f = problem.d.format;
+    let mut d = vec![0u8; f.bytes_for(reference.values.len())];
+    for (idx, v) in reference.values.iter().enumerate() {
+        f.store_code(&mut d, idx, f.encode(v * (1.0 + 0.01 * rng.normal())));
+    }
+    if let Some((row, col)) = nan {
+        f.store_code(&mut d, (row * n + col) as usize, f.encode(f64::NAN));
+    }
+    let alpha_buf = checker.upload(&1.25f32.to_le_bytes()).map_err(|e| es(&e))?;
+    let (_keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
+    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
+    bufs.d = d_buf.ptr;
+    let mut g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
+    if device_alpha {
+        g.alpha = abi::QsScalar { value: 0.0, ptr: alpha_buf.ptr, format: Format::F32 as u32, on_device: 1 };
+    }
+    let (fa, fb, fd) = (problem.a.format, problem.b.format, problem.d.format);
+    let seed = 0x5b11_7000;
+    let weight = checker.sketch_weight(&g, fa, fd, seed, probes).map_err(|e| es(&e))?;
+    let sample = sketch::RowSample::new(seed, g.total_rows(), 256);
+    if !checker.sketch_takes_lean(&g, &weight, sample.count, false) {
+        return Err("the call does not take the lean check, so neither the split one".into());
+    }
+    let entries = checker.sketch_entries(fa, fb, fd, weight.kp).map_err(|e| es(&e))?;
+    let layout = abi::SplitLayout::new(sample.count, weight.kp);
+    let buffer = checker.alloc_zeroed(layout.bytes() as usize).map_err(|e| es(&e))?;
+    let in_place = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+    let split = checker.sketch_scratch(sample.count, g.k, g.n, probes, false).map_err(|e| es(&e))?;
+    let rt = checker.runtime();
+    let (st, side) = (Stream::default(), rt.create_side_stream().map_err(|e| es(&e))?);
+    let projected = rt.create_sync_event().map_err(|e| es(&e))?;
+    let epochs = sample.epochs_to_cover().clamp(2, 3);
+    let mut worst = 0.0f64;
+    let mut problems = Vec::new();
+    let mut nan_seen = 0;
+    for e in 0..epochs {
+        let rows = QsRowSel::sample(&sample, 0, e, false);
+        checker.sketch_check(&g, rows, &weight, &in_place, fa, fd, (1, e), st).map_err(|e| es(&e))?;
+        let (project, finish) = checker
+            .prepare_split_check(entries, &g, rows, &weight, &split, buffer.ptr, (2, e))
+            .map_err(|e| es(&e))?;
+        checker.launch_prepared(&project, st).map_err(|e| es(&e))?;
+        rt.record_event(projected, st).map_err(|e| es(&e))?;
+        rt.wait_event(side, projected).map_err(|e| es(&e))?;
+        checker.launch_prepared(&finish, side).map_err(|e| es(&e))?;
+        rt.synchronize(side).map_err(|e| es(&e))?;
+        rt.synchronize(st).map_err(|e| es(&e))?;
+        let (a, b) = checker.with_ring(|ring| (ring.poll(), ring.poll()));
+        let (a, b) = (a.ok_or("no in-place result")?, b.ok_or("no split result")?);
+        let (a, b) = if a.tag == 1 { (a, b) } else { (b, a) };
+        worst = worst.max(sums_disagreement(&a, &b));
+        let fields = |s: &abi::QsResultSlot| {
+            (s.finite, s.pairs, s.nan_prod, s.nan_ref, s.elem_nan_prod, s.elem_inf_prod, s.worst_row, s.epoch)
+        };
+        if fields(&a) != fields(&b) || (a.rows_checked, a.status) != (b.rows_checked, b.status) {
+            problems.push(format!(
+                "epoch {e}: in place (finite {}, NaN elements {}, worst row {}, epoch {}, rows {}, status {:#x}), split ({}, {}, {}, {}, {}, {:#x})",
+                a.finite, a.elem_nan_prod, a.worst_row, a.epoch, a.rows_checked, a.status,
+                b.finite, b.elem_nan_prod, b.worst_row, b.epoch, b.rows_checked, b.status
+            ));
+        }
+        if a.pairs == 0 || a.prod_sq == 0.0 {
+            problems.push(format!("epoch {e}: the in-place check saw nothing"));
+        }
+        nan_seen += b.elem_nan_prod;
+    }
+    if nan.is_some() && nan_seen == 0 {
+        problems.push("the planted NaN was never counted".into());
+    }
+    let _ = &mut inputs;
+    Ok((
+        problems.is_empty() && worst <= 1e-12,
+        format!(
+            "{epochs} epochs of {} rows, buffer {} KiB, sums agree to {worst:.1e} relative{}{}",
+            sample.count,
+            layout.bytes() >> 10,
+            if nan.is_some() { format!(", NaN elements counted {nan_seen}") } else { String::new() },
+            if problems.is_empty() { String::new() } else { format!("; {}", problems.join("; ")) }
+        ),
+    ))
 }
 
 /// The largest relative difference between two sketch results of the same check: the sums,

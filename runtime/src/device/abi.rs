@@ -440,8 +440,10 @@ pub struct QsSketchParams {
     pub snapshot_ptr: u64,
     /// Detached check: the [`QsSnapHeader`] of the snapshot `g` describes; 0 = `g` is the call.
     pub packed_ptr: u64,
-    /// `qs_sketch_lean` only: W_R in fragment order ([`QsWprojParams::frag_ptr`]).
+    /// `qs_sketch_lean` and the split check: W_R in fragment order ([`QsWprojParams::frag_ptr`]).
     pub wfrag_ptr: u64,
+    /// The split check (`qs_sketch_proj` / `qs_sketch_fin`) only: its buffer ([`SplitLayout`]).
+    pub split_ptr: u64,
 }
 
 /// Head of a detached check's snapshot buffer (qs_abi.h), followed by u64 rows[count].
@@ -609,6 +611,53 @@ pub struct QsSketchRow {
     pub ref_sq: f64,
 }
 
+/// qs_abi.h QsSplitHeader: head of a split check's buffer ([`SplitLayout`]). The projections
+/// add their D counts to `totals.elem_nonfinite` and flag `status`; the finishing folds both
+/// into the check's and leaves them zero.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QsSplitHeader {
+    pub totals: QsSketchTotals,
+    pub status: u64,
+    pub scalar: [f64; 5],
+    pub reserved: [u64; 2],
+}
+
+/// qs_abi.h QsSplitRow: a split check's sampled row (`u64::MAX`: not checked) and row bias.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QsSplitRow {
+    pub row: u64,
+    pub rowbias: f64,
+}
+
+/// Byte layout of a split check's buffer (qs_abi.h QsSplitHeader): the header, a
+/// [`QsSplitRow`] per row of the lean grid's groups, then f32 partials [groups][LEAN_SPLITS]
+/// [2][LEAN_ROWS][kp]. Zero when first handed out: the kernels leave the header's counts zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitLayout {
+    pub groups: u64,
+    pub kp: u32,
+}
+
+impl SplitLayout {
+    pub fn new(rows: u64, kp: u32) -> SplitLayout {
+        SplitLayout { groups: rows.max(1).div_ceil(LEAN_ROWS), kp }
+    }
+    pub fn status_offset(&self) -> u64 {
+        offset_of!(QsSplitHeader, status) as u64
+    }
+    pub fn rows_offset(&self) -> u64 {
+        size_of::<QsSplitHeader>() as u64
+    }
+    pub fn partials_offset(&self) -> u64 {
+        self.rows_offset() + self.groups * LEAN_ROWS * size_of::<QsSplitRow>() as u64
+    }
+    pub fn bytes(&self) -> u64 {
+        self.partials_offset() + self.groups * LEAN_SPLITS * 2 * LEAN_ROWS * self.kp as u64 * 4
+    }
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QsComparePartial {
@@ -667,7 +716,9 @@ const _: () = {
     assert!(offset_of!(QsPrepParams, bias) == 64 && offset_of!(QsPrepParams, k) == 88);
     assert!(size_of::<QsWprojParams>() == 184);
     assert!(offset_of!(QsWprojParams, k_dim) == 112 && offset_of!(QsWprojParams, kp) == 160);
-    assert!(size_of::<QsSketchParams>() == 776);
+    assert!(size_of::<QsSketchParams>() == 784);
+    assert!(size_of::<QsSplitHeader>() == 704 && offset_of!(QsSplitHeader, scalar) == 648);
+    assert!(size_of::<QsSplitRow>() == 16);
     assert!(size_of::<QsSnapHeader>() == 64);
     assert!(size_of::<QsSnapParams>() == 672);
     assert!(size_of::<QsSnapAllParams>() == 160);
@@ -736,6 +787,8 @@ plain_data!(
     QsWorst,
     QsSketchTotals,
     QsSketchRow,
+    QsSplitHeader,
+    QsSplitRow,
     QsComparePartial,
     QsLogitsRow
 );
@@ -1757,6 +1810,26 @@ mod tests {
         };
         assert_eq!(define("QS_LEAN_ROWS"), LEAN_ROWS);
         assert_eq!(define("QS_LEAN_SPLITS"), LEAN_SPLITS);
+    }
+
+    #[test]
+    fn a_split_buffer_holds_what_its_two_kernels_address() {
+        // qs_sketch.cu: rows right after the header, then [groups][LEAN_SPLITS][2][LEAN_ROWS][kp]
+        // f32 partials; the grid has one group per 32 rows, the last one partial.
+        let l = SplitLayout::new(300, 32);
+        assert_eq!(l.groups, 10);
+        assert_eq!(l.rows_offset(), 704);
+        assert_eq!(l.partials_offset(), 704 + 10 * 32 * 16);
+        assert_eq!(l.bytes(), l.partials_offset() + 10 * 8 * 2 * 32 * 32 * 4);
+        assert_eq!(l.status_offset(), 640);
+        assert_eq!(lean_sketch_launch(300).unwrap().grid, [10, 8, 1]);
+        // 16-byte aligned regions (the kernels' vector stores need none, the header's u64
+        // atomics need 8): every offset stays aligned for any row count and kp.
+        for (rows, kp) in [(1, 8), (33, 16), (256, 32), (4097, 8)] {
+            let l = SplitLayout::new(rows, kp);
+            assert_eq!(l.groups, rows.div_ceil(LEAN_ROWS));
+            assert_eq!((l.rows_offset() % 16, l.partials_offset() % 16, l.bytes() % 16), (0, 0, 0));
+        }
     }
 
     #[test]

@@ -243,8 +243,10 @@ type SketchProgramKey = (Format, Format, Format, u32);
 #[derive(Debug, Clone, Copy)]
 pub struct SketchEntries {
     check: super::Function,
-    /// Only where the formats have a lean check ([`abi::lean_sketch_formats`]).
+    /// Only where the formats have a lean check ([`abi::lean_sketch_formats`]): the lean check,
+    /// and the two kernels of the split check (projections, finishing).
     lean: Option<super::Function>,
+    split: Option<(super::Function, super::Function)>,
     snap: super::Function,
     snap_rows: super::Function,
     snap_all: super::Function,
@@ -256,6 +258,11 @@ impl SketchEntries {
         Ok(SketchEntries {
             check: entry("qs_sketch_check")?,
             lean: if abi::lean_sketch_formats(a, d) { Some(entry("qs_sketch_lean")?) } else { None },
+            split: if abi::lean_sketch_formats(a, d) {
+                Some((entry("qs_sketch_proj")?, entry("qs_sketch_fin")?))
+            } else {
+                None
+            },
             snap: entry("qs_sketch_snap")?,
             snap_rows: entry("qs_sketch_snap_rows")?,
             snap_all: program.function("qs_sketch_snap_all")?,
@@ -286,6 +293,10 @@ pub struct GpuChecker {
     early_start: AtomicBool,
     /// Launches that started early (the selftest shows that the path ran).
     early_launches: AtomicU64,
+    /// Eager checks that take the lean kernel may be split (`qs_sketch_proj` on the caller's
+    /// stream, `qs_sketch_fin` on a side stream; the shim decides per call): where the lean
+    /// check runs, unless `QUANTSHADOW_SKETCH_SPLIT=0`.
+    split_sketch: AtomicBool,
     /// The result ring's descriptor, apart from the ring: the poller holds the ring's lock while
     /// it reads slots, and every check's parameters need the descriptor.
     ring_desc: Mutex<abi::QsRingDesc>,
@@ -312,11 +323,13 @@ pub struct KernelChoices {
     pub lean: LeanUse,
     /// `QUANTSHADOW_EARLY_START=1` (default `0`): see [`GpuChecker`]'s `early_start`.
     pub early_start: bool,
+    /// `QUANTSHADOW_SKETCH_SPLIT=0|1` (default `1`): see [`GpuChecker`]'s `split_sketch`.
+    pub split: bool,
 }
 
 impl Default for KernelChoices {
     fn default() -> Self {
-        KernelChoices { lean: LeanUse::Eager, early_start: false }
+        KernelChoices { lean: LeanUse::Eager, early_start: false, split: true }
     }
 }
 
@@ -346,18 +359,25 @@ impl KernelChoices {
                 None => warnings.push(format!("QUANTSHADOW_EARLY_START={v:?} is not 0 or 1; using 0")),
             }
         }
+        if let Some(v) = get("QUANTSHADOW_SKETCH_SPLIT").filter(|v| !v.trim().is_empty()) {
+            match on_off(&v) {
+                Some(on) => choices.split = on,
+                None => warnings.push(format!("QUANTSHADOW_SKETCH_SPLIT={v:?} is not 0 or 1; using 1")),
+            }
+        }
         (choices, warnings)
     }
 
-    /// For the session record: `sketch_lean` and `early_start` as set (the device may not
-    /// support them; the backend's start line says what it runs).
-    pub fn settings(&self) -> [(&'static str, &'static str); 2] {
+    /// For the session record: `sketch_lean`, `early_start` and `sketch_split` as set (the
+    /// device may not support them; the backend's start line says what it runs).
+    pub fn settings(&self) -> [(&'static str, &'static str); 3] {
         let lean = match self.lean {
             LeanUse::Off => "0",
             LeanUse::Eager => "1",
             LeanUse::Graphs => "graphs",
         };
-        [("sketch_lean", lean), ("early_start", if self.early_start { "1" } else { "0" })]
+        let flag = |on: bool| if on { "1" } else { "0" };
+        [("sketch_lean", lean), ("early_start", flag(self.early_start)), ("sketch_split", flag(self.split))]
     }
 }
 
@@ -527,6 +547,7 @@ impl GpuChecker {
             pool: None,
             lean_sketch: AtomicBool::new(false),
             lean_in_graphs: AtomicBool::new(false),
+            split_sketch: AtomicBool::new(false),
             early_start: AtomicBool::new(false),
             early_launches: AtomicU64::new(0),
             ring_desc: Mutex::new(ring.desc()),
@@ -541,7 +562,13 @@ impl GpuChecker {
     pub fn apply(&self, choices: KernelChoices) {
         let lean = self.set_lean_sketch(choices.lean != LeanUse::Off);
         self.lean_in_graphs.store(lean && choices.lean == LeanUse::Graphs, Ordering::Relaxed);
+        self.split_sketch.store(lean && choices.split, Ordering::Relaxed);
         self.set_early_start(choices.early_start);
+    }
+
+    /// Whether eager checks that take the lean kernel may be split (see `split_sketch`).
+    pub fn split_sketch(&self) -> bool {
+        self.split_sketch.load(Ordering::Relaxed) && self.lean_sketch()
     }
 
     /// Whether sketch checks prepared from now on may take the lean kernel.
@@ -1247,7 +1274,58 @@ impl GpuChecker {
             snapshot_ptr: weight.snapshot.ptr,
             packed_ptr: 0,
             wfrag_ptr: 0,
+            split_ptr: 0,
         }
+    }
+
+    /// The split check of an eager call (see qs_abi.h QsSplitHeader): the projections for the
+    /// caller's stream, writing into `buffer` ([`abi::SplitLayout`] of `rows.count` rows and the
+    /// weight's kp, zero when first used), and the finishing over that buffer for a stream that
+    /// runs after them. Only for checks that take the lean kernel outside captures
+    /// ([`Self::sketch_takes_lean`]); `Unsupported` otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_split_check(
+        &self,
+        entries: SketchEntries,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        buffer: DevicePtr,
+        tag: (u64, u64),
+    ) -> Result<(PreparedLaunch<QsSketchParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
+        let (Some(wfrag), Some((proj, fin))) = (weight.wfrag.as_ref(), entries.split) else {
+            return Err(DeviceError::Unsupported(
+                "split sketch check: no lean form for these formats".into(),
+            ));
+        };
+        if !self.sketch_takes_lean(g, weight, rows.count, false) {
+            return Err(DeviceError::Unsupported(
+                "split sketch check: the call does not take the lean check".into(),
+            ));
+        }
+        let config = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
+        let layout = abi::SplitLayout::new(rows.count, weight.kp);
+        let mut finish = self.sketch_params(g, rows, weight, scratch, tag);
+        finish.wfrag_ptr = wfrag.ptr;
+        finish.splits = abi::LEAN_SPLITS as u32;
+        finish.rows_per_group = abi::LEAN_ROWS as u32;
+        finish.split_ptr = buffer;
+        // The projections touch nothing of the check's scratch: the finishing of the site's
+        // previous call may still be reading it on the other stream.
+        let project = QsSketchParams {
+            totals_ptr: buffer,
+            status_ptr: buffer + layout.status_offset(),
+            partials_ptr: 0,
+            rowrec_ptr: 0,
+            counters_ptr: 0,
+            row_stats_ptr: 0,
+            ..finish
+        };
+        Ok((
+            PreparedLaunch { function: proj, config, params: project, early_start: false },
+            PreparedLaunch { function: fin, config, params: finish, early_start: false },
+        ))
     }
 
     /// One fused sketch check; the result lands in the ring tagged `tag`. No allocation, no

@@ -526,20 +526,38 @@ mod tests {
         let setting =
             |c: &Config, k: &str| c.settings().into_iter().find(|(key, _)| key == k).map(|(_, v)| v);
         let d = cfg(&[]);
-        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false });
+        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false, split: true });
         assert_eq!(
-            (setting(&d, "sketch_lean").as_deref(), setting(&d, "early_start").as_deref()),
-            (Some("1"), Some("0"))
+            (
+                setting(&d, "sketch_lean").as_deref(),
+                setting(&d, "early_start").as_deref(),
+                setting(&d, "sketch_split").as_deref()
+            ),
+            (Some("1"), Some("0"), Some("1"))
         );
-        let c = cfg(&[("QUANTSHADOW_SKETCH_LEAN", " Graphs "), ("QUANTSHADOW_EARLY_START", "1")]);
-        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true });
+        let c = cfg(&[
+            ("QUANTSHADOW_SKETCH_LEAN", " Graphs "),
+            ("QUANTSHADOW_EARLY_START", "1"),
+            ("QUANTSHADOW_SKETCH_SPLIT", "0"),
+        ]);
+        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true, split: false });
+        assert_eq!(setting(&c, "sketch_split").as_deref(), Some("0"));
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert_eq!(setting(&c, "sketch_lean").as_deref(), Some("graphs"));
         assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_LEAN", "0")]).kernels.lean, LeanUse::Off);
         // A typo is named, and the default stands (the lean kernel on, early starts off).
-        let bad = cfg(&[("QUANTSHADOW_SKETCH_LEAN", "graph"), ("QUANTSHADOW_EARLY_START", "yes")]);
+        let bad = cfg(&[
+            ("QUANTSHADOW_SKETCH_LEAN", "graph"),
+            ("QUANTSHADOW_EARLY_START", "yes"),
+            ("QUANTSHADOW_SKETCH_SPLIT", "maybe"),
+        ]);
         assert_eq!(bad.kernels, KernelChoices::default());
-        assert_eq!(bad.warnings.len(), 2, "{:?}", bad.warnings);
+        assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
+        assert!(
+            bad.warnings[2].contains("QUANTSHADOW_SKETCH_SPLIT=\"maybe\" is not 0 or 1"),
+            "{:?}",
+            bad.warnings
+        );
         assert!(
             bad.warnings[0].contains("QUANTSHADOW_SKETCH_LEAN=\"graph\" is not 0, 1 or graphs"),
             "{:?}",

@@ -465,13 +465,16 @@ struct EagerSnapshot {
 
 impl EagerSnapshots {
     /// A free snapshot of at least `bytes`: a used one whose check has finished, else a new one
-    /// while there are fewer than `EAGER_SNAPSHOTS`; None when all are still in use. Errors:
+    /// while there are fewer than `most`; None when all are still in use. Errors:
     /// the pool cannot hold the buffer, or an event cannot be created.
+    /// `zeroed`: a buffer allocated here is zeroed (split buffers, whose kernels leave them zero).
     fn take(
         &mut self,
         runtime: &dyn GpuRuntime,
         checker: &GpuChecker,
         bytes: u64,
+        zeroed: bool,
+        most: usize,
     ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
         let free = self
             .slots
@@ -479,7 +482,7 @@ impl EagerSnapshots {
             .position(|s| !s.lost && (!s.pending || runtime.event_done(s.done).unwrap_or(false)));
         let i = match free {
             Some(i) => i,
-            None if self.slots.len() < EAGER_SNAPSHOTS => {
+            None if self.slots.len() < most => {
                 self.slots.push(EagerSnapshot {
                     buffer: None,
                     copied: runtime.create_sync_event()?,
@@ -495,7 +498,11 @@ impl EagerSnapshots {
         snap.pending = false;
         if snap.buffer.as_ref().is_none_or(|b| (b.bytes as u64) < bytes) {
             snap.buffer = None; // back to the pool first, so growing can reuse its space
-            snap.buffer = Some(checker.alloc(bytes as usize)?);
+            snap.buffer = Some(if zeroed {
+                checker.alloc_zeroed(bytes as usize)?
+            } else {
+                checker.alloc(bytes as usize)?
+            });
         }
         Ok(Some(snap))
     }
@@ -541,6 +548,9 @@ const CAPTURE_NEW_ROW_COUNT: &str =
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
+/// Split check buffers per device (all sites share them; ~0.5 MB each at 256 rows, k = 32).
+/// More than snapshots: the finishing runs on the low-priority side stream, behind the GEMMs.
+const SPLIT_BUFFERS: usize = 8;
 
 struct SideCheck {
     /// Copies of A, D, A's scales and C, each with its size (reallocated when a call needs more).
@@ -586,6 +596,9 @@ pub struct GpuBackend {
     graph_snapshot_bytes: std::sync::atomic::AtomicU64,
     /// Snapshot buffers of eager detached checks (taken under the sites lock).
     eager_snapshots: Mutex<EagerSnapshots>,
+    /// Buffers of split checks, the same way (`qs_sketch_proj` writes one on the caller's
+    /// stream, `qs_sketch_fin` reads it on the side stream).
+    split_buffers: Mutex<EagerSnapshots>,
     /// Scratch of eager detached checks per shape, shared by its sites.
     eager_scratch: Mutex<HashMap<ShapeKey, Arc<SketchScratch>>>,
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
@@ -687,6 +700,7 @@ impl GpuBackend {
             sketch_detach: s.sketch_detach,
             graph_snapshot_bytes: std::sync::atomic::AtomicU64::new(0),
             eager_snapshots: Mutex::default(),
+            split_buffers: Mutex::default(),
             eager_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
@@ -915,6 +929,13 @@ impl GpuBackend {
                 Detach::OnStream => {}
             }
         }
+        if !capturing && req.device_gate.is_none() {
+            match self.sketch_split(req, g, entries, &sample, site, stream) {
+                Detach::Done => return Ok(()),
+                Detach::Skip(s) => return Err(s),
+                Detach::OnStream => {}
+            }
+        }
         let key = sample.count;
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_rows.contains_key(&key) {
@@ -965,6 +986,85 @@ impl GpuBackend {
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
         self.note_check_node(req, stream, Some(gate_field!(abi::QsSketchParams)));
         Ok(())
+    }
+
+    /// An eager check split in two (qs_abi.h QsSplitHeader): the projections on the caller's
+    /// stream, the finishing on the side stream behind an event, into the shape's scratch that
+    /// only the side stream uses. `OnStream` (the fused check on the caller's stream, nothing
+    /// lost) where it does not apply: split checks off or not on this device, no side stream,
+    /// fewer sampled rows than [`EAGER_DETACH_MIN_ROWS`] (there the host's launch rate binds, and
+    /// this path makes four driver calls instead of one), a call the lean check does not take,
+    /// every split buffer still in use, or a set-up the pool cannot hold.
+    fn sketch_split(
+        &self,
+        req: &CheckRequest,
+        g: &QsGemmDesc,
+        entries: crate::device::gpu::SketchEntries,
+        sample: &RowSample,
+        site: &mut SiteGpu,
+        stream: Stream,
+    ) -> Detach {
+        let Some(side) = self.side_stream else { return Detach::OnStream };
+        let Some(weight) = site.weight.as_ref() else { return Detach::OnStream };
+        if !self.checker.split_sketch()
+            || sample.count < EAGER_DETACH_MIN_ROWS
+            || !self.checker.sketch_takes_lean(g, weight, sample.count, false)
+        {
+            return Detach::OnStream;
+        }
+        let shape: ShapeKey = (sample.count, g.k, g.n, req.sketch.probes);
+        let scratch = {
+            let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            match shared.entry(shape) {
+                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    match self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false) {
+                        Ok(scratch) => e.insert(Arc::new(scratch)).clone(),
+                        Err(_) => return Detach::OnStream,
+                    }
+                }
+            }
+        };
+        let layout = abi::SplitLayout::new(sample.count, weight.kp);
+        let mut buffers = self.split_buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let buf =
+            match buffers.take(self.runtime.as_ref(), &self.checker, layout.bytes(), true, SPLIT_BUFFERS) {
+                Ok(Some(buf)) => buf,
+                Ok(None) | Err(_) => return Detach::OnStream,
+            };
+        let buffer = buf.buffer.as_ref().expect("taken with a buffer").ptr;
+        // The site's next rows, counted only once the projections are enqueued.
+        let mut next_epoch = site.eager_epoch;
+        let rows = eager_rows(sample, &mut next_epoch);
+        let Ok((project, finish)) = self.checker.prepare_split_check(
+            entries,
+            g,
+            rows,
+            weight,
+            &scratch,
+            buffer,
+            (req.site_id, req.call_seq),
+        ) else {
+            return Detach::OnStream;
+        };
+        if let Err(e) = self.checker.launch_prepared(&project, stream) {
+            return Detach::Skip(Skip::new(format!("sketch launch: {}", short(&e.to_string()))));
+        }
+        site.eager_epoch = next_epoch;
+        // From here the projections are enqueued: a failure leaves a buffer that is never handed
+        // out again (work nobody waits for may still write it).
+        let rt = &self.runtime;
+        let queued = rt
+            .record_event(buf.copied, stream)
+            .and_then(|()| rt.wait_event(side, buf.copied))
+            .and_then(|()| self.checker.launch_prepared(&finish, side));
+        if let Err(e) = queued {
+            buf.lost = true;
+            return Detach::Skip(Skip::new(format!("split sketch finishing: {}", short(&e.to_string()))));
+        }
+        buf.pending = true;
+        buf.lost = rt.record_event(buf.done, side).is_err();
+        Detach::Done
     }
 
     /// A detached sketch check (see [`DetachedState`]), or `OnStream` when this call is not
@@ -1053,7 +1153,13 @@ impl GpuBackend {
                     return Detach::OnStream; // set up while eager checks stayed on their stream
                 };
                 let mut snapshots = self.eager_snapshots.lock().unwrap_or_else(|e| e.into_inner());
-                let snap = match snapshots.take(self.runtime.as_ref(), &self.checker, st.layout.bytes) {
+                let snap = match snapshots.take(
+                    self.runtime.as_ref(),
+                    &self.checker,
+                    st.layout.bytes,
+                    false,
+                    EAGER_SNAPSHOTS,
+                ) {
                     Ok(Some(snap)) => snap,
                     Ok(None) => {
                         return Detach::Skip(Skip::new("sketch: earlier detached checks are still running"));
