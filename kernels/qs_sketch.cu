@@ -1519,6 +1519,8 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
 #define QS_LEAN_ROWS 32
 #define QS_LEAN_SPLITS 8
 #define QS_SKETCH_LEAN QS_CAT5(qs_sketch_lean_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+#define QS_SKETCH_PROJ QS_CAT5(qs_sketch_proj_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
+#define QS_SKETCH_FIN QS_CAT5(qs_sketch_fin_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 #define QS_LEAN_FORMATS                                              \
     ((QS_A_FMT == QS_FMT_BF16 || QS_A_FMT == QS_FMT_E4M3FN) && \
      (QS_D_FMT == QS_FMT_BF16 || QS_D_FMT == QS_FMT_F16))
@@ -1982,8 +1984,6 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS
 // the projections run there (grid as the lean check's, no cluster), the finishing on a side
 // stream behind an event. Eager only (the host never gates or captures them).
 // ================================================================================================
-#define QS_SKETCH_PROJ QS_CAT5(qs_sketch_proj_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
-#define QS_SKETCH_FIN QS_CAT5(qs_sketch_fin_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 
 QS_DEVICE bool qs_split_valid(const QsSketchParams& P) {
     return qs_lean_valid(P) && P.split_ptr != 0 && (P.split_ptr & 15u) == 0 && P.gate_ptr == 0 && P.packed_ptr == 0;
@@ -2056,8 +2056,6 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_FIN(QsSketchParams P) {
 #else
 // Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entries exist so that every
 // program of these formats has the same entries; the host never launches them here.
-#define QS_SKETCH_PROJ QS_CAT5(qs_sketch_proj_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
-#define QS_SKETCH_FIN QS_CAT5(qs_sketch_fin_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 QS_GLOBAL void QS_SKETCH_LEAN(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
 QS_GLOBAL void QS_SKETCH_PROJ(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }
 QS_GLOBAL void QS_SKETCH_FIN(QsSketchParams P) { qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR); }

@@ -1819,29 +1819,54 @@ fn gpu_sketch_split(checker: &GpuChecker) -> Vec<Outcome> {
             "not on this device (needs CUDA sm_90+): never taken",
         )];
     }
-    // (name, scheme, m, n, k, probes, device alpha, a NaN planted at (row, column) of D)
-    let cases: [(&str, &str, u64, u64, u64, u32, bool, Option<(u64, u64)>); 4] = [
-        ("bf16, 300 rows (256 sampled), k = 32", "bf16", 300, 1024, 2048, 32, false, None),
-        ("fp8 tensor-wise, device alpha, 1000 rows, k = 16", "fp8-tensor", 1000, 512, 1024, 16, true, None),
-        (
+    struct SplitCase {
+        name: &'static str,
+        scheme: &'static str,
+        m: u64,
+        n: u64,
+        k: u64,
+        probes: u32,
+        device_alpha: bool,
+        /// A NaN planted at (row, column) of D.
+        nan: Option<(u64, u64)>,
+    }
+    let case = |name, scheme, (m, n, k), probes, device_alpha, nan| SplitCase {
+        name,
+        scheme,
+        m,
+        n,
+        k,
+        probes,
+        device_alpha,
+        nan,
+    };
+    let cases = [
+        case("bf16, 300 rows (256 sampled), k = 32", "bf16", (300, 1024, 2048), 32, false, None),
+        case(
+            "fp8 tensor-wise, device alpha, 1000 rows, k = 16",
+            "fp8-tensor",
+            (1000, 512, 1024),
+            16,
+            true,
+            None,
+        ),
+        case(
             "bf16, 40 rows (a partial group), k = 8, a NaN in D",
             "bf16",
-            40,
-            256,
-            512,
+            (40, 256, 512),
             8,
             false,
             Some((17, 33)),
         ),
-        ("fp8 tensor-wise, 4096 x 544 x 256, k = 32", "fp8-tensor", 4096, 544, 256, 32, false, None),
+        case("fp8 tensor-wise, 4096 x 544 x 256, k = 32", "fp8-tensor", (4096, 544, 256), 32, false, None),
     ];
     let lean_was = checker.lean_sketch();
     checker.set_lean_sketch(true);
     let out = cases
         .iter()
-        .map(|&(name, scheme, m, n, k, probes, device_alpha, nan)| {
-            let case = format!("split = lean in place: {name}");
-            split_case(checker, scheme, m, n, k, probes, device_alpha, nan)
+        .map(|c| {
+            let case = format!("split = lean in place: {}", c.name);
+            split_case(checker, c.scheme, c.m, c.n, c.k, c.probes, c.device_alpha, c.nan)
                 .map(|(pass, detail)| outcome(SECTION, case.clone(), pass, detail))
                 .unwrap_or_else(|e| error_outcome(SECTION, case, e))
         })

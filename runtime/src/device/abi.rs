@@ -1555,7 +1555,8 @@ impl KernelBuild {
     /// `qs_sketch.cu` for A, B and D formats: `qs_sketch_prep`, `qs_sketch_wproj_{b}`,
     /// `qs_sketch_check_{a}_{d}`, `qs_sketch_snap_{a}_{d}` and its lean forms
     /// `qs_sketch_snap_rows_{a}_{d}` and `qs_sketch_snap_all`, and for [`lean_sketch_formats`]
-    /// `qs_sketch_lean_{a}_{d}`.
+    /// `qs_sketch_lean_{a}_{d}` and the split check's `qs_sketch_proj_{a}_{d}` and
+    /// `qs_sketch_fin_{a}_{d}`.
     pub fn sketch(a: Format, b: Format, d: Format) -> Result<KernelBuild, AbiError> {
         let (a, b, d) = (operand_format("a", a)?, operand_format("b", b)?, operand_format("d", d)?);
         let per_a_d =
@@ -1576,7 +1577,13 @@ impl KernelBuild {
                 KernelEntry { name: "qs_sketch_snap_all".into(), params: ParamKind::SnapAll },
             ]
             .into_iter()
-            .chain(lean_sketch_formats(a, d).then(|| per_a_d("qs_sketch_lean", ParamKind::Sketch)))
+            .chain(
+                lean_sketch_formats(a, d)
+                    .then_some(["qs_sketch_lean", "qs_sketch_proj", "qs_sketch_fin"])
+                    .into_iter()
+                    .flatten()
+                    .map(|stem| per_a_d(stem, ParamKind::Sketch)),
+            )
             .collect(),
         })
     }
@@ -1899,12 +1906,23 @@ mod tests {
                 "qs_sketch_snap_e4m3fn_bf16",
                 "qs_sketch_snap_rows_e4m3fn_bf16",
                 "qs_sketch_snap_all",
-                "qs_sketch_lean_e4m3fn_bf16"
+                "qs_sketch_lean_e4m3fn_bf16",
+                "qs_sketch_proj_e4m3fn_bf16",
+                "qs_sketch_fin_e4m3fn_bf16"
             ]
         );
+        // Every kernel qs_sketch.cu names through a QS_SKETCH_* macro is an entry of a lean
+        // build: a kernel left out of the list cannot be looked up in the loaded program.
+        let text = KernelSource::Sketch.text();
+        for line in text.lines().filter(|l| l.starts_with("#define QS_SKETCH_") && l.contains("QS_CAT")) {
+            let stem = line.split('(').nth(1).and_then(|r| r.split(',').next()).expect(line);
+            assert!(names.iter().any(|n| n.starts_with(stem)), "{stem} (from `{line}`) is no entry");
+        }
         // No lean entry where qs_sketch.cu compiles none (QS_LEAN_FORMATS).
         let b = KernelBuild::sketch(Format::E5m2, Format::E4m3fn, Format::Bf16).unwrap();
-        assert!(b.entries.iter().all(|e| !e.name.starts_with("qs_sketch_lean")));
+        assert!(b.entries.iter().all(|e| !["qs_sketch_lean", "qs_sketch_proj", "qs_sketch_fin"]
+            .iter()
+            .any(|stem| e.name.starts_with(stem))));
         assert!(b.defines.iter().any(|(k, v)| k == "QS_D_FMT" && v == "2"));
         assert!(KernelBuild::gemm_ref(Format::Ue8m0, Format::Bf16).is_err());
         let mut p = GemmProblem::row_major(8, 8, 8, Format::Bf16, Format::Bf16, Format::Bf16);

@@ -258,8 +258,9 @@ impl SketchEntries {
         Ok(SketchEntries {
             check: entry("qs_sketch_check")?,
             lean: if abi::lean_sketch_formats(a, d) { Some(entry("qs_sketch_lean")?) } else { None },
+            // Optional: a program without them still serves every other check.
             split: if abi::lean_sketch_formats(a, d) {
-                Some((entry("qs_sketch_proj")?, entry("qs_sketch_fin")?))
+                entry("qs_sketch_proj").and_then(|p| Ok((p, entry("qs_sketch_fin")?))).ok()
             } else {
                 None
             },
