@@ -296,7 +296,9 @@ pub struct GpuChecker {
     early_launches: AtomicU64,
     /// Eager checks that take the lean kernel may be split (`qs_sketch_proj` on the caller's
     /// stream, `qs_sketch_fin` on a side stream; the shim decides per call): where the lean
-    /// check runs, unless `QUANTSHADOW_SKETCH_SPLIT=0`.
+    /// check runs and `QUANTSHADOW_SKETCH_SPLIT=1`. Off by default: on an H100 it took 2-3
+    /// points off a 4096^3 GEMM's check and none off Llama prefill, whose host it costs three
+    /// more driver calls per check (docs/measurements/2026-11-27-h100-split-check.md).
     split_sketch: AtomicBool,
     /// The result ring's descriptor, apart from the ring: the poller holds the ring's lock while
     /// it reads slots, and every check's parameters need the descriptor.
@@ -324,13 +326,13 @@ pub struct KernelChoices {
     pub lean: LeanUse,
     /// `QUANTSHADOW_EARLY_START=1` (default `0`): see [`GpuChecker`]'s `early_start`.
     pub early_start: bool,
-    /// `QUANTSHADOW_SKETCH_SPLIT=0|1` (default `1`): see [`GpuChecker`]'s `split_sketch`.
+    /// `QUANTSHADOW_SKETCH_SPLIT=0|1` (default `0`): see [`GpuChecker`]'s `split_sketch`.
     pub split: bool,
 }
 
 impl Default for KernelChoices {
     fn default() -> Self {
-        KernelChoices { lean: LeanUse::Eager, early_start: false, split: true }
+        KernelChoices { lean: LeanUse::Eager, early_start: false, split: false }
     }
 }
 
@@ -363,7 +365,7 @@ impl KernelChoices {
         if let Some(v) = get("QUANTSHADOW_SKETCH_SPLIT").filter(|v| !v.trim().is_empty()) {
             match on_off(&v) {
                 Some(on) => choices.split = on,
-                None => warnings.push(format!("QUANTSHADOW_SKETCH_SPLIT={v:?} is not 0 or 1; using 1")),
+                None => warnings.push(format!("QUANTSHADOW_SKETCH_SPLIT={v:?} is not 0 or 1; using 0")),
             }
         }
         (choices, warnings)

@@ -526,22 +526,22 @@ mod tests {
         let setting =
             |c: &Config, k: &str| c.settings().into_iter().find(|(key, _)| key == k).map(|(_, v)| v);
         let d = cfg(&[]);
-        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false, split: true });
+        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false, split: false });
         assert_eq!(
             (
                 setting(&d, "sketch_lean").as_deref(),
                 setting(&d, "early_start").as_deref(),
                 setting(&d, "sketch_split").as_deref()
             ),
-            (Some("1"), Some("0"), Some("1"))
+            (Some("1"), Some("0"), Some("0"))
         );
         let c = cfg(&[
             ("QUANTSHADOW_SKETCH_LEAN", " Graphs "),
             ("QUANTSHADOW_EARLY_START", "1"),
-            ("QUANTSHADOW_SKETCH_SPLIT", "0"),
+            ("QUANTSHADOW_SKETCH_SPLIT", "1"),
         ]);
-        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true, split: false });
-        assert_eq!(setting(&c, "sketch_split").as_deref(), Some("0"));
+        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true, split: true });
+        assert_eq!(setting(&c, "sketch_split").as_deref(), Some("1"));
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert_eq!(setting(&c, "sketch_lean").as_deref(), Some("graphs"));
         assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_LEAN", "0")]).kernels.lean, LeanUse::Off);
