@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN (prepared in session 22, no device time left): the first call of the next session.
+# Prepared in session 22, run as the first call of session 23 (log: exp97/exp97.log).
 # Builds: .gpu/base = 8e19099 (kernels and runtime as measured in exp94/exp96, plus the selftest's
 # new cases and every_row_params' two extra refusals); .gpu/main = the end of session 22, which
 # adds one unmeasured change: eager sketch checks on the caller's stream take their row epoch from
