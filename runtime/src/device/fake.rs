@@ -1,7 +1,10 @@
 //! A [`GpuRuntime`] over host memory, for tests of the layers above the vendor runtimes (the
 //! device pool, the GPU backend's bookkeeping) on machines without a GPU. It counts the calls
-//! those tests assert on; its compiler always fails (a test of a working kernel needs a GPU);
-//! every other operation is `Unsupported`. Not used by the product.
+//! those tests assert on; by default its compiler always fails (a test of a working kernel needs
+//! a GPU) and every other operation is `Unsupported`. [`FakeRuntime::with_kernels`] makes
+//! programs load and launches, event records and stream waits succeed without running anything,
+//! and logs them in order: for tests of which work the backend enqueues where. Not used by the
+//! product.
 
 use super::{
     DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Module, Stream,
@@ -28,7 +31,19 @@ pub struct FakeRuntime {
     pub compiles: AtomicU64,
     /// Live allocations by aligned address; dropped on free.
     memory: Mutex<HashMap<u64, HostBlock>>,
+    /// [`FakeRuntime::with_kernels`]: programs load, launches and stream work succeed.
+    kernels: bool,
+    /// Names of the functions handed out (a function's handle is its index + 1).
+    functions: Mutex<Vec<String>>,
+    /// What `with_kernels` enqueued, in order: "launch NAME on S", "record E on S", "S waits E".
+    pub log: Mutex<Vec<String>>,
+    /// What `event_done` answers under `with_kernels`.
+    pub events_done: std::sync::atomic::AtomicBool,
+    events: AtomicU64,
 }
+
+/// The side stream `with_kernels` creates.
+pub const SIDE_STREAM: Stream = Stream(0x51de);
 
 /// The backing words of an allocation and the bytes asked for.
 type HostBlock = (Box<[u64]>, usize);
@@ -41,6 +56,24 @@ fn unsupported<T>() -> Result<T, DeviceError> {
 }
 
 impl FakeRuntime {
+    /// A fake whose programs load and whose launches succeed (nothing runs; see `log`).
+    pub fn with_kernels() -> FakeRuntime {
+        FakeRuntime { kernels: true, ..Default::default() }
+    }
+
+    /// The log entries so far, taken.
+    pub fn take_log(&self) -> Vec<String> {
+        std::mem::take(&mut *self.log.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn note(&self, entry: String) -> Result<(), DeviceError> {
+        if !self.kernels {
+            return unsupported();
+        }
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(entry);
+        Ok(())
+    }
+
     fn host_alloc(&self, bytes: usize) -> u64 {
         let block = vec![0u64; (bytes + ALIGN).div_ceil(8)].into_boxed_slice();
         let addr = (block.as_ptr() as u64).next_multiple_of(ALIGN as u64);
@@ -125,6 +158,9 @@ impl GpuRuntime for FakeRuntime {
         _headers: &[(&str, &str)],
     ) -> Result<Vec<u8>, DeviceError> {
         self.compiles.fetch_add(1, Ordering::SeqCst);
+        if self.kernels {
+            return Ok(Vec::new());
+        }
         Err(DeviceError::Compile {
             name: name.into(),
             arch: arch.into(),
@@ -133,46 +169,81 @@ impl GpuRuntime for FakeRuntime {
         })
     }
     fn compiler_version(&self) -> Result<String, DeviceError> {
-        Ok("fake compiler (always fails)".into())
+        Ok(if self.kernels { "fake compiler (empty images)" } else { "fake compiler (always fails)" }.into())
+    }
+    fn disk_cache(&self) -> bool {
+        false
     }
     fn load_module(&self, _image: &[u8]) -> Result<Module, DeviceError> {
-        unsupported()
+        if self.kernels {
+            Ok(Module(1))
+        } else {
+            unsupported()
+        }
     }
-    fn get_function(&self, _m: Module, _n: &str) -> Result<Function, DeviceError> {
-        unsupported()
+    fn get_function(&self, _m: Module, name: &str) -> Result<Function, DeviceError> {
+        if !self.kernels {
+            return unsupported();
+        }
+        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        functions.push(name.to_string());
+        Ok(Function(functions.len() as u64))
     }
     unsafe fn launch(
         &self,
-        _f: Function,
+        f: Function,
         _g: [u32; 3],
         _b: [u32; 3],
         _s: u32,
-        _st: Stream,
+        st: Stream,
         _p: &mut [*mut c_void],
         _o: LaunchOrder,
     ) -> Result<(), DeviceError> {
-        unsupported()
+        let name = {
+            let functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+            functions
+                .get((f.0 as usize).wrapping_sub(1))
+                .cloned()
+                .unwrap_or_else(|| format!("function {}", f.0))
+        };
+        self.note(format!("launch {name} on {}", st.0))
     }
     fn is_capturing(&self, _s: Stream) -> Result<bool, DeviceError> {
         Ok(false)
     }
     fn synchronize(&self, _s: Stream) -> Result<(), DeviceError> {
-        unsupported()
+        if self.kernels {
+            Ok(())
+        } else {
+            unsupported()
+        }
     }
     fn create_side_stream(&self) -> Result<Stream, DeviceError> {
-        unsupported()
+        if self.kernels {
+            Ok(SIDE_STREAM)
+        } else {
+            unsupported()
+        }
     }
     fn create_event(&self) -> Result<Event, DeviceError> {
-        unsupported()
+        if self.kernels {
+            Ok(Event(self.events.fetch_add(1, Ordering::SeqCst) + 1))
+        } else {
+            unsupported()
+        }
     }
-    fn record_event(&self, _e: Event, _s: Stream) -> Result<(), DeviceError> {
-        unsupported()
+    fn record_event(&self, e: Event, s: Stream) -> Result<(), DeviceError> {
+        self.note(format!("record {} on {}", e.0, s.0))
     }
-    fn wait_event(&self, _s: Stream, _e: Event) -> Result<(), DeviceError> {
-        unsupported()
+    fn wait_event(&self, s: Stream, e: Event) -> Result<(), DeviceError> {
+        self.note(format!("{} waits {}", s.0, e.0))
     }
     fn event_done(&self, _e: Event) -> Result<bool, DeviceError> {
-        unsupported()
+        if self.kernels {
+            Ok(self.events_done.load(Ordering::SeqCst))
+        } else {
+            unsupported()
+        }
     }
     fn elapsed_ms(&self, _a: Event, _b: Event) -> Result<f32, DeviceError> {
         unsupported()

@@ -221,6 +221,12 @@ pub trait GpuRuntime: Send + Sync {
         false
     }
 
+    /// Whether compiled images may be kept in the disk cache: false for a runtime whose images
+    /// are not real (the test fake), so that none lands beside real ones.
+    fn disk_cache(&self) -> bool {
+        true
+    }
+
     fn is_capturing(&self, stream: Stream) -> Result<bool, DeviceError>;
 
     /// Id of the capture in progress on `stream` (None: not capturing, or the runtime cannot

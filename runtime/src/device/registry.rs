@@ -65,7 +65,7 @@ impl KernelRegistry {
         Ok(KernelRegistry {
             arch: arch.to_string(),
             compiler: runtime.compiler_version()?,
-            cache_dir: default_cache_dir().map(|d| d.join(arch)),
+            cache_dir: default_cache_dir().filter(|_| runtime.disk_cache()).map(|d| d.join(arch)),
             programs: Mutex::new(HashMap::new()),
         })
     }

@@ -2174,6 +2174,77 @@ mod tests {
     }
 
     #[test]
+    fn an_eager_check_of_many_rows_is_split_while_a_buffer_is_free() {
+        // A 1024-row bf16 call (256 rows sampled) on a device with the lean check: with split
+        // checks on, the projections go on the caller's stream and the finishing on the side
+        // stream behind an event; with every split buffer still in use the call gets the fused
+        // check on its stream instead (nothing skipped); with split checks off, always that.
+        use crate::device::fake::SIDE_STREAM;
+        use crate::problem::{GemmBuffers, GemmProblem};
+        let run = |split: bool, calls: u64, done_after: Option<u64>| -> Vec<String> {
+            let rt = Arc::new(FakeRuntime::with_kernels());
+            let mut settings = fake_settings();
+            settings.pool_bytes = 64 << 20;
+            settings.side_stream = true;
+            settings.kernels.split = split;
+            let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+            let (m, n, k) = (1024u64, 256u64, 512u64);
+            let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
+            let call = crate::intercept::InterceptedGemm {
+                entry: "cublasGemmEx",
+                problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+                buffers: GemmBuffers {
+                    a: alloc(m * k),
+                    b: alloc(k * n),
+                    d: alloc(m * n),
+                    ..Default::default()
+                },
+                stream: 7,
+                pointer_arrays: None,
+            };
+            let thresholds = crate::thresholds::Thresholds::default();
+            let mut kernels = Vec::new();
+            for seq in 0..calls {
+                rt.events_done.store(done_after.is_some_and(|d| seq >= d), Ordering::SeqCst);
+                let req = CheckRequest { call_seq: seq, ..CheckRequest::sketch_for_test(&call, &thresholds) };
+                backend
+                    .after_call(&req, PreCall::default())
+                    .unwrap_or_else(|s| panic!("call {seq}: {}", s.0));
+                // What this call enqueued after its set-up (the weight's projection on the first).
+                let log = rt.take_log();
+                let check: Vec<&String> = log
+                    .iter()
+                    .skip_while(|l| !l.contains("qs_sketch_lean") && !l.contains("qs_sketch_proj"))
+                    .collect();
+                kernels.push(check.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(" | "));
+            }
+            kernels
+        };
+        let side = SIDE_STREAM.0;
+        let split_call = format!(
+            "launch qs_sketch_proj_bf16_bf16 on 7 | record 1 on 7 | {side} waits 1 | launch qs_sketch_fin_bf16_bf16 on {side} | record 2 on {side}"
+        );
+        let fused = "launch qs_sketch_lean_bf16_bf16 on 7";
+        // Every buffer still in use (no event done): SPLIT_BUFFERS calls split, then fused.
+        let calls = run(true, SPLIT_BUFFERS as u64 + 2, None);
+        assert_eq!(calls[0], split_call);
+        assert!(
+            calls[1..SPLIT_BUFFERS].iter().all(|c| c.starts_with("launch qs_sketch_proj_bf16_bf16 on 7")),
+            "{calls:?}"
+        );
+        assert_eq!(calls[SPLIT_BUFFERS..], [fused, fused]);
+        // Once the finishing is done, a buffer is handed out again.
+        let calls = run(true, SPLIT_BUFFERS as u64 + 2, Some(SPLIT_BUFFERS as u64 + 1));
+        assert_eq!(calls[SPLIT_BUFFERS], fused);
+        assert!(
+            calls[SPLIT_BUFFERS + 1].starts_with("launch qs_sketch_proj_bf16_bf16 on 7 | record 1 on 7"),
+            "{calls:?}"
+        );
+        // Off: the fused check every time.
+        assert_eq!(run(false, 3, None), [fused, fused, fused]);
+    }
+
+    #[test]
     fn looking_up_loaded_sketch_entries_never_compiles() {
         // A checked call asks for the sketch program's entries without compiling: until the
         // program is loaded, the compile policy (background, or sync outside captures) decides.
