@@ -1865,33 +1865,12 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     }
     __syncthreads();
     static_assert(ACC * QS_WARP_SIZE % QS_BLOCK == 0, "tree values per thread");
-    if constexpr (PROJ) {
-        // The split check: the sums the cluster below would store into the finishing block's
-        // shared memory go to this block's place in the buffer, with the finishing inputs of
-        // its FIN rows (qs_sketch_fin then adds the splits in the same order).
-        QsSplitHeader* hdr = (QsSplitHeader*)P.split_ptr;
-        QsSplitRow* srows = (QsSplitRow*)(P.split_ptr + sizeof(QsSplitHeader));
-        float* part = (float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) +
-                      ((qs_u64)gi * QS_LEAN_SPLITS + si) * 2 * QS_LEAN_ROWS * KP;
-#pragma unroll
-        for (int j = 0; j < ACC * QS_WARP_SIZE / QS_BLOCK; ++j) {
-            const unsigned v = threadIdx.x + (unsigned)j * QS_BLOCK, x = v / QS_WARP_SIZE, l = v % QS_WARP_SIZE;
-            const unsigned c = x % 4, nt = (x / 4) % NT, mt = (x / (4 * NT)) % MT, which = x / (4 * NT * MT);
-            if (KP == 8 && c >= 2) continue;  // the padding probes of kp = 8
-            const float sum = (sm.u.tree[0][x][l] + sm.u.tree[1][x][l]) + (sm.u.tree[2][x][l] + sm.u.tree[3][x][l]);
-            const unsigned p = 16u * mt + (l >> 2) + 8u * (c >> 1), r = 8u * nt + 2u * (l & 3u) + (c & 1u);
-            part[(which * QS_LEAN_ROWS + r) * KP + p] = sum;
-        }
-        if (threadIdx.x < (unsigned)FIN) {
-            const QsLeanRow r = sm.rows[FIN * si + threadIdx.x];
-            QsSplitRow& out = srows[(qs_u64)gi * QS_LEAN_ROWS + FIN * si + threadIdx.x];
-            out.row = r.active ? r.row : ~0ull;
-            out.rowbias = sm.rowbias[threadIdx.x];
-        }
-        if (gi == 0 && si == 0 && threadIdx.x < 5) hdr->scalar[threadIdx.x] = sm.scalar[threadIdx.x];
-        return;
-    }
-    qs_cluster_wait();  // every block of the cluster runs (the relaxed arrival above)
+    // The split check's projections (PROJ) store the sums the cluster merge would take into the
+    // finishing block's shared memory in this block's place in the buffer, with the finishing
+    // inputs of its FIN rows (qs_sketch_fin then adds the splits in the same order).
+    QsSplitRow* srows = (QsSplitRow*)(P.split_ptr + sizeof(QsSplitHeader));
+    float* part = (float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) + ((qs_u64)gi * QS_LEAN_SPLITS + si) * 2 * QS_LEAN_ROWS * KP;
+    if (!PROJ) qs_cluster_wait();  // every block of the cluster runs (the relaxed arrival above)
 #pragma unroll
     for (int j = 0; j < ACC * QS_WARP_SIZE / QS_BLOCK; ++j) {
         const unsigned v = threadIdx.x + (unsigned)j * QS_BLOCK, x = v / QS_WARP_SIZE, l = v % QS_WARP_SIZE;
@@ -1901,7 +1880,21 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         if (KP == 8 && c >= 2) continue;  // the padding probes of kp = 8
         const float sum = (sm.u.tree[0][x][l] + sm.u.tree[1][x][l]) + (sm.u.tree[2][x][l] + sm.u.tree[3][x][l]);
         const unsigned p = 16u * mt + (l >> 2) + 8u * (c >> 1), r = 8u * nt + 2u * (l & 3u) + (c & 1u);
-        qs_cluster_store_f32(&sm.recv[si][which][r % FIN][p], r / FIN, sum);
+        if constexpr (PROJ) {
+            part[(which * QS_LEAN_ROWS + r) * KP + p] = sum;
+        } else {
+            qs_cluster_store_f32(&sm.recv[si][which][r % FIN][p], r / FIN, sum);
+        }
+    }
+    if constexpr (PROJ) {
+        if (threadIdx.x < (unsigned)FIN) {
+            const QsLeanRow r = sm.rows[FIN * si + threadIdx.x];
+            QsSplitRow& out = srows[(qs_u64)gi * QS_LEAN_ROWS + FIN * si + threadIdx.x];
+            out.row = r.active ? r.row : ~0ull;
+            out.rowbias = sm.rowbias[threadIdx.x];
+        }
+        if (gi == 0 && si == 0 && threadIdx.x < 5) ((QsSplitHeader*)P.split_ptr)->scalar[threadIdx.x] = sm.scalar[threadIdx.x];
+        return;
     }
     QS_TM_PROJ_DONE();
     QS_TM_MARK(tm_tree);

@@ -1805,6 +1805,18 @@ fn gpu_sketch_detached(checker: &GpuChecker) -> Vec<Outcome> {
     out
 }
 
+struct SplitCase {
+    name: &'static str,
+    scheme: &'static str,
+    m: u64,
+    n: u64,
+    k: u64,
+    probes: u32,
+    device_alpha: bool,
+    /// A NaN planted at (row, column) of D.
+    nan: Option<(u64, u64)>,
+}
+
 /// Split checks (eager calls, CUDA sm_90+, qs_abi.h QsSplitHeader): the projections on one
 /// stream and the finishing on another, behind an event, must give what the lean check gives in
 /// place over the same rows. One buffer serves every epoch of a case, so a count the finishing
@@ -1818,17 +1830,6 @@ fn gpu_sketch_split(checker: &GpuChecker) -> Vec<Outcome> {
             true,
             "not on this device (needs CUDA sm_90+): never taken",
         )];
-    }
-    struct SplitCase {
-        name: &'static str,
-        scheme: &'static str,
-        m: u64,
-        n: u64,
-        k: u64,
-        probes: u32,
-        device_alpha: bool,
-        /// A NaN planted at (row, column) of D.
-        nan: Option<(u64, u64)>,
     }
     let case = |name, scheme, (m, n, k), probes, device_alpha, nan| SplitCase {
         name,
@@ -1866,7 +1867,7 @@ fn gpu_sketch_split(checker: &GpuChecker) -> Vec<Outcome> {
         .iter()
         .map(|c| {
             let case = format!("split = lean in place: {}", c.name);
-            split_case(checker, c.scheme, c.m, c.n, c.k, c.probes, c.device_alpha, c.nan)
+            split_case(checker, c)
                 .map(|(pass, detail)| outcome(SECTION, case.clone(), pass, detail))
                 .unwrap_or_else(|e| error_outcome(SECTION, case, e))
         })
@@ -1875,17 +1876,8 @@ fn gpu_sketch_split(checker: &GpuChecker) -> Vec<Outcome> {
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn split_case(
-    checker: &GpuChecker,
-    scheme: &str,
-    m: u64,
-    n: u64,
-    k: u64,
-    probes: u32,
-    device_alpha: bool,
-    nan: Option<(u64, u64)>,
-) -> Result<(bool, String), String> {
+fn split_case(checker: &GpuChecker, c: &SplitCase) -> Result<(bool, String), String> {
+    let SplitCase { scheme, m, n, k, probes, device_alpha, nan, .. } = *c;
     let es = |e: &dyn std::fmt::Display| e.to_string();
     let problem = scheme_problem(scheme, m, n, k);
     let mut inputs = random_inputs(&problem, 0x5b17 + m).map_err(|e| es(&e))?;
