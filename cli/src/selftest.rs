@@ -1882,25 +1882,7 @@ fn split_case(checker: &GpuChecker, c: &SplitCase) -> Result<(bool, String), Str
     let problem = scheme_problem(scheme, m, n, k);
     let mut inputs = random_inputs(&problem, 0x5b17 + m).map_err(|e| es(&e))?;
     let problem = with_tensor_scales(problem, &inputs);
-    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
-        .map_err(|e| es(&e))?;
-    let mut rng = SplitMix64::new(6);
-    let f = problem.d.format;
-    let mut d = vec![0u8; f.bytes_for(reference.values.len())];
-    for (idx, v) in reference.values.iter().enumerate() {
-        f.store_code(&mut d, idx, f.encode(v * (1.0 + 0.01 * rng.normal())));
-    }
-    if let Some((row, col)) = nan {
-        f.store_code(&mut d, (row * n + col) as usize, f.encode(f64::NAN));
-    }
-    let alpha_buf = checker.upload(&1.25f32.to_le_bytes()).map_err(|e| es(&e))?;
-    let (_keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
-    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
-    bufs.d = d_buf.ptr;
-    let mut g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
-    if device_alpha {
-        g.alpha = abi::QsScalar { value: 0.0, ptr: alpha_buf.ptr, format: Format::F32 as u32, on_device: 1 };
-    }
+    let (_keep, g) = noisy_call_on_device(checker, &problem, &inputs, 6, nan, device_alpha)?;
     let (fa, fb, fd) = (problem.a.format, problem.b.format, problem.d.format);
     let seed = 0x5b11_7000;
     let weight = checker.sketch_weight(&g, fa, fd, seed, probes).map_err(|e| es(&e))?;
@@ -1983,6 +1965,43 @@ fn sums_disagreement(a: &abi::QsResultSlot, b: &abi::QsResultSlot) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// A call on the device whose D is the oracle's reference with 1% noise from `noise_seed` (never
+/// zeros: a check must see real rows), a NaN at `nan` (row, column) if given, and alpha 1.25
+/// read from device memory if `device_alpha`: its descriptor and the buffers it points into.
+fn noisy_call_on_device(
+    checker: &GpuChecker,
+    problem: &GemmProblem,
+    inputs: &HostInputs,
+    noise_seed: u64,
+    nan: Option<(u64, u64)>,
+    device_alpha: bool,
+) -> Result<(Vec<DeviceBuffer>, QsGemmDesc), String> {
+    let es = |e: &dyn std::fmt::Display| e.to_string();
+    let reference = reference_gemm(problem, inputs, &OracleOptions { round_output: false, rows: None })
+        .map_err(|e| es(&e))?;
+    let mut rng = SplitMix64::new(noise_seed);
+    let f = problem.d.format;
+    let elems = problem.d.required_elements(problem.m, problem.n, problem.batch) as usize;
+    let mut d = vec![0u8; f.bytes_for(elems)];
+    for (idx, v) in reference.values.iter().enumerate() {
+        f.store_code(&mut d, idx, f.encode(v * (1.0 + 0.01 * rng.normal())));
+    }
+    if let Some((row, col)) = nan {
+        f.store_code(&mut d, (row * problem.n + col) as usize, f.encode(f64::NAN));
+    }
+    let (mut keep, mut bufs) = upload_inputs(checker, problem, inputs).map_err(|e| es(&e))?;
+    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
+    bufs.d = d_buf.ptr;
+    keep.push(d_buf);
+    let mut g = QsGemmDesc::from_problem(problem, &bufs).map_err(|e| es(&e))?;
+    if device_alpha {
+        let alpha = checker.upload(&1.25f32.to_le_bytes()).map_err(|e| es(&e))?;
+        g.alpha = abi::QsScalar { value: 0.0, ptr: alpha.ptr, format: Format::F32 as u32, on_device: 1 };
+        keep.push(alpha);
+    }
+    Ok((keep, g))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn detached_case(
     checker: &GpuChecker,
@@ -2001,24 +2020,7 @@ fn detached_case(
     tweak(&mut problem);
     let mut inputs = random_inputs(&problem, 0xde7a + m).map_err(|e| es(&e))?;
     let problem = with_tensor_scales(problem, &inputs);
-    // D: the reference with a little noise (never zeros: the check must see real rows).
-    let reference = reference_gemm(&problem, &inputs, &OracleOptions { round_output: false, rows: None })
-        .map_err(|e| es(&e))?;
-    let mut rng = SplitMix64::new(5);
-    let elems = problem.d.required_elements(problem.m, problem.n, problem.batch) as usize;
-    let mut d = vec![0u8; problem.d.format.bytes_for(elems)];
-    for (idx, v) in reference.values.iter().enumerate() {
-        let f = problem.d.format;
-        f.store_code(&mut d, idx, f.encode(v * (1.0 + 0.01 * rng.normal())));
-    }
-    let alpha_buf = checker.upload(&1.25f32.to_le_bytes()).map_err(|e| es(&e))?;
-    let (_keep, mut bufs) = upload_inputs(checker, &problem, &inputs).map_err(|e| es(&e))?;
-    let d_buf = checker.upload(&d).map_err(|e| es(&e))?;
-    bufs.d = d_buf.ptr;
-    let mut g = QsGemmDesc::from_problem(&problem, &bufs).map_err(|e| es(&e))?;
-    if device_alpha {
-        g.alpha = abi::QsScalar { value: 0.0, ptr: alpha_buf.ptr, format: Format::F32 as u32, on_device: 1 };
-    }
+    let (_keep, g) = noisy_call_on_device(checker, &problem, &inputs, 5, None, device_alpha)?;
     let (seed, probes) = (0x005e_edd7, 32);
     let (fa, fd) = (problem.a.format, problem.d.format);
     let weight = checker.sketch_weight(&g, fa, fd, seed, probes).map_err(|e| es(&e))?;

@@ -1004,12 +1004,13 @@ impl GpuBackend {
         site: &mut SiteGpu,
         stream: Stream,
     ) -> Detach {
+        // Off (the default) costs every eager check one relaxed load here.
+        if !self.checker.split_sketch() || sample.count < EAGER_DETACH_MIN_ROWS {
+            return Detach::OnStream;
+        }
         let Some(side) = self.side_stream else { return Detach::OnStream };
         let Some(weight) = site.weight.as_ref() else { return Detach::OnStream };
-        if !self.checker.split_sketch()
-            || sample.count < EAGER_DETACH_MIN_ROWS
-            || !self.checker.sketch_takes_lean(g, weight, sample.count, false)
-        {
+        if !self.checker.sketch_takes_lean(g, weight, sample.count, false) {
             return Detach::OnStream;
         }
         let shape: ShapeKey = (sample.count, g.k, g.n, req.sketch.probes);
