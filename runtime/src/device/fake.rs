@@ -35,7 +35,8 @@ pub struct FakeRuntime {
     kernels: bool,
     /// Names of the functions handed out (a function's handle is its index + 1).
     functions: Mutex<Vec<String>>,
-    /// What `with_kernels` enqueued, in order: "launch NAME on S", "record E on S", "S waits E".
+    /// What `with_kernels` enqueued, in order: "launch NAME GXxGYxGZ on S", "record E on S",
+    /// "S waits E".
     pub log: Mutex<Vec<String>>,
     /// What `event_done` answers under `with_kernels`.
     pub events_done: std::sync::atomic::AtomicBool,
@@ -192,7 +193,7 @@ impl GpuRuntime for FakeRuntime {
     unsafe fn launch(
         &self,
         f: Function,
-        _g: [u32; 3],
+        g: [u32; 3],
         _b: [u32; 3],
         _s: u32,
         st: Stream,
@@ -206,7 +207,7 @@ impl GpuRuntime for FakeRuntime {
                 .cloned()
                 .unwrap_or_else(|| format!("function {}", f.0))
         };
-        self.note(format!("launch {name} on {}", st.0))
+        self.note(format!("launch {name} {}x{}x{} on {}", g[0], g[1], g[2], st.0))
     }
     fn is_capturing(&self, _s: Stream) -> Result<bool, DeviceError> {
         Ok(false)
