@@ -472,9 +472,8 @@ struct QsSketchRow {
 // stream and leaves the projections of the sampled rows in a buffer of its own; then
 // qs_sketch_fin_{a}_{d}, on a side stream, finishes them into the ring exactly as the lean check
 // would (same sums in the same order). The caller's stream pays for the projections only. Buffer
-// (split_ptr): this header, QsSplitRow rows[groups * 32], then f32 partials[groups][splits]
-// [2: A W_R, D R][32 rows][kp], splits (QsSketchParams::splits) 8, or 16 for the wide projection
-// grid. The projections' own status bits and D counts go into the header
+// (split_ptr): this header, QsSplitRow rows[groups * 32], then f32 partials[groups][8 splits]
+// [2: A W_R, D R][32 rows][kp]. The projections' own status bits and D counts go into the header
 // (their launch's status_ptr and totals_ptr point there); the finishing folds them into the
 // check's and leaves them zero for the buffer's next use.
 struct QsSplitHeader {

@@ -1518,7 +1518,6 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
 // ================================================================================================
 #define QS_LEAN_ROWS 32
 #define QS_LEAN_SPLITS 8
-#define QS_PROJ_WIDE_SPLITS 16
 #define QS_SKETCH_LEAN QS_CAT5(qs_sketch_lean_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 #define QS_SKETCH_PROJ QS_CAT5(qs_sketch_proj_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
 #define QS_SKETCH_FIN QS_CAT5(qs_sketch_fin_, QS_TAG(QS_A_FMT), _, QS_TAG(QS_D_FMT), )
@@ -1602,12 +1601,9 @@ QS_DEVICE void qs_sketch_claim_early(const QsSketchParams& P, unsigned lane) {
 }
 
 // PROJ: the projections of a split check (qs_sketch_proj): a plain grid, no cluster; the block
-// leaves its sums and its rows' finishing inputs in the split buffer and ends there. SPL: the
-// K / N splits of a group (the cluster's QS_LEAN_SPLITS; QS_PROJ_WIDE_SPLITS for a projection
-// grid of twice the blocks, one unit per warp and iteration instead of 2-3).
-template <int KP, bool PROJ, int SPL = QS_LEAN_SPLITS>
+// leaves its sums and its rows' finishing inputs in the split buffer and ends there.
+template <int KP, bool PROJ>
 QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm) {
-    static_assert(SPL == QS_LEAN_SPLITS || (PROJ && SPL == QS_PROJ_WIDE_SPLITS), "a cluster has QS_LEAN_SPLITS blocks");
     constexpr int MT = QS_WFRAG_TILES(KP);  // 16-probe tiles
     constexpr int NT = QS_LEAN_ROWS / 8;    // 8-row tiles
     // W_R passes: bf16 hi + lo (|error| <= 2^-17 |w|) for 16-bit A, the wide class with an NMSE
@@ -1615,9 +1611,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // unbiased reference noise of ~1.3e-6 NMSE against the fp8 class bound of 2e-3, for half
     // the W_R bytes and A-side mma's (and registers for 3 units per iteration instead of 2).
     constexpr int PASSES = QS_A_FMT == QS_FMT_E4M3FN ? 1 : 2;
-    constexpr int UA = SPL != QS_LEAN_SPLITS ? 1 : PASSES == 1 ? 3 : 2, UD = UA;  // 32-element units per warp and iteration
+    constexpr int UA = PASSES == 1 ? 3 : 2, UD = UA;  // 32-element units per warp and iteration
     constexpr int AB = QsFmt<QS_A_FMT>::BITS / 8;
-    constexpr int FIN = QS_LEAN_ROWS / SPL;  // rows each block of the group finishes (or hands on)
+    constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;  // rows each block of the cluster finishes
     constexpr int ACC = 2 * MT * NT * 4;
     using DM = QsDMma<QS_D_FMT>;
     const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
@@ -1628,8 +1624,8 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // refused by `valid`, and shared memory is never indexed past the cluster).
     const unsigned gi = blockIdx.x, si = PROJ ? blockIdx.y : qs_cluster_rank();
     qs_u64 k0, k1, n0, n1;
-    qs_slice(g.k, si, SPL, &k0, &k1);
-    qs_slice(g.n, si, SPL, &n0, &n1);
+    qs_slice(g.k, si, QS_LEAN_SPLITS, &k0, &k1);
+    qs_slice(g.n, si, QS_LEAN_SPLITS, &n0, &n1);
     const unsigned units_a = valid ? (unsigned)((k1 - k0) >> 5) : 0u, units_d = valid ? (unsigned)((n1 - n0) >> 5) : 0u;
     const qs_u64 ua0 = k0 >> 5, ud0 = n0 >> 5;
     const uint4* wf = (const uint4*)P.wfrag_ptr;
@@ -1873,7 +1869,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // finishing block's shared memory in this block's place in the buffer, with the finishing
     // inputs of its FIN rows (qs_sketch_fin then adds the splits in the same order).
     QsSplitRow* srows = (QsSplitRow*)(P.split_ptr + sizeof(QsSplitHeader));
-    float* part = (float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) + ((qs_u64)gi * SPL + si) * 2 * QS_LEAN_ROWS * KP;
+    float* part = (float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) + ((qs_u64)gi * QS_LEAN_SPLITS + si) * 2 * QS_LEAN_ROWS * KP;
     if (!PROJ) qs_cluster_wait();  // every block of the cluster runs (the relaxed arrival above)
 #pragma unroll
     for (int j = 0; j < ACC * QS_WARP_SIZE / QS_BLOCK; ++j) {
@@ -1887,7 +1883,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         if constexpr (PROJ) {
             part[(which * QS_LEAN_ROWS + r) * KP + p] = sum;
         } else {
-            qs_cluster_store_f32(&sm.recv[si][which][r % FIN][p], r / FIN, sum);  // SPL is the cluster's
+            qs_cluster_store_f32(&sm.recv[si][which][r % FIN][p], r / FIN, sum);
         }
     }
     if constexpr (PROJ) {
@@ -1952,18 +1948,14 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
 
 // The calls the lean check (and the split check's two kernels) can take: the host's rule
 // (gpu.rs `sketch_takes_lean`), checked again so that a wrong launch is refused, not misread.
-// The grid's splits are checked by each kernel (qs_lean_valid, qs_split_valid).
-QS_DEVICE bool qs_lean_call_valid(const QsSketchParams& P) {
+QS_DEVICE bool qs_lean_valid(const QsSketchParams& P) {
     const QsGemmDesc& g = P.g;
     return g.a.format == QS_A_FMT && g.d.format == QS_D_FMT && blockDim.x == QS_BLOCK &&
-           P.rows_per_group == QS_LEAN_ROWS && P.k >= 1 && P.k <= P.kp && g.m > 0 &&
-           P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
+           P.rows_per_group == QS_LEAN_ROWS && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS &&
+           P.k >= 1 && P.k <= P.kp && g.m > 0 && P.rows.count <= (qs_u64)gridDim.x * QS_LEAN_ROWS &&
            P.wfrag_ptr != 0 && (P.wfrag_ptr & 15u) == 0 && P.wr_batch_stride == 0 && g.c.ptr == 0 &&
            g.a_scale.ptr == 0 && qs_op_strides(g.a).cs == 1 && g.d.order == QS_ORDER_ROW && g.k % 32 == 0 &&
            g.n % 32 == 0 && (P.signs_ptr & 15u) == 0;
-}
-QS_DEVICE bool qs_lean_valid(const QsSketchParams& P) {
-    return qs_lean_call_valid(P) && P.splits == QS_LEAN_SPLITS && gridDim.y == QS_LEAN_SPLITS;
 }
 
 QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS, 1) QS_SKETCH_LEAN(QsSketchParams P) {
@@ -1986,38 +1978,23 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) __cluster_dims__(1, QS_LEAN_SPLITS
 // stream behind an event. Eager only (the host never gates or captures them).
 // ================================================================================================
 
-// P.splits: the projections' splits per group (QS_LEAN_SPLITS or QS_PROJ_WIDE_SPLITS), the
-// projection grid's y; the finishing's grid keeps QS_LEAN_SPLITS blocks per group (rows 4s..4s+3).
-QS_DEVICE bool qs_split_valid(const QsSketchParams& P, bool projections) {
-    const bool splits = P.splits == QS_LEAN_SPLITS || P.splits == QS_PROJ_WIDE_SPLITS;
-    const unsigned grid_y = projections ? P.splits : QS_LEAN_SPLITS;
-    return qs_lean_call_valid(P) && splits && gridDim.y == grid_y && P.split_ptr != 0 && (P.split_ptr & 15u) == 0 &&
-           P.gate_ptr == 0 && P.packed_ptr == 0;
+QS_DEVICE bool qs_split_valid(const QsSketchParams& P) {
+    return qs_lean_valid(P) && P.split_ptr != 0 && (P.split_ptr & 15u) == 0 && P.gate_ptr == 0 && P.packed_ptr == 0;
 }
 
 // Launch parameters: status_ptr and totals_ptr point into the split buffer's header.
 QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_PROJ(QsSketchParams P) {
-    const bool valid = qs_split_valid(P, true);
+    const bool valid = qs_split_valid(P);
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
-    if (!valid && P.split_ptr != 0 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-        qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);  // status_ptr is in the buffer's header
-    // Invalid (the header says so, and the finishing reports it): nothing written, since a wrong
-    // grid could address past the buffer.
-    if (valid) {
-        if (P.splits == QS_PROJ_WIDE_SPLITS) {
-            qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true, QS_PROJ_WIDE_SPLITS>(P, valid, sm); });
-        } else {
-            qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true>(P, valid, sm); });
-        }
-    }
-    qs_wait_prior_grid();  // an early start: no block ends before the GEMM ahead (see qs_sketch_check)
+    if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
+    if (P.split_ptr == 0) return;  // nowhere to write; the finishing reports the bad launch
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true>(P, valid, sm); });
 }
 
-// Block (g, s) finishes rows FIN s + w of group g (warp w < FIN) from the SPL splits' sums in
-// split order, as the lean check's block of rank s does after its cluster merge; the last block
-// publishes the slot.
-template <int KP, int SPL>
+// Block (g, s) finishes rows FIN s + w of group g (warp w < FIN) from the splits' sums, as the
+// lean check's block of rank s does after its cluster merge; the last block publishes the slot.
+template <int KP>
 QS_DEVICE void qs_split_finish_body(const QsSketchParams& P, bool valid, QsSketchSmem& sm) {
     constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;
     const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
@@ -2025,7 +2002,7 @@ QS_DEVICE void qs_split_finish_body(const QsSketchParams& P, bool valid, QsSketc
     QsSplitHeader* hdr = (QsSplitHeader*)P.split_ptr;
     const QsSplitRow* srows = (const QsSplitRow*)(P.split_ptr + sizeof(QsSplitHeader));
     const float* part =
-        (const float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) + (qs_u64)gi * SPL * 2 * QS_LEAN_ROWS * KP;
+        (const float*)(srows + (qs_u64)gridDim.x * QS_LEAN_ROWS) + (qs_u64)gi * QS_LEAN_SPLITS * 2 * QS_LEAN_ROWS * KP;
     if (gi == 0 && si == 0 && warp == QS_WARPS_PER_BLOCK - 1) qs_sketch_claim_early(P, lane);
     const unsigned lr = FIN * si + (warp % FIN);
     const qs_u64 t = (qs_u64)gi * QS_LEAN_ROWS + lr;
@@ -2034,7 +2011,7 @@ QS_DEVICE void qs_split_finish_body(const QsSketchParams& P, bool valid, QsSketc
     double xa = 0.0, ya = 0.0;
     if (warp < (unsigned)FIN && lane < P.k) {
 #pragma unroll
-        for (int s = 0; s < SPL; ++s) {
+        for (int s = 0; s < QS_LEAN_SPLITS; ++s) {
             xa += (double)part[((s * 2 + 0) * QS_LEAN_ROWS + lr) * KP + lane];
             ya += (double)part[((s * 2 + 1) * QS_LEAN_ROWS + lr) * KP + lane];
         }
@@ -2061,18 +2038,13 @@ QS_DEVICE void qs_split_finish_body(const QsSketchParams& P, bool valid, QsSketc
 }
 
 QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_FIN(QsSketchParams P) {
-    const bool valid = qs_split_valid(P, false);
+    const bool valid = qs_split_valid(P);
     __shared__ QsSketchSmem sm;
     if (P.split_ptr == 0) {  // nothing to finish from: the check is reported, refused
         if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
         return;
     }
-    // An invalid P.splits reads the narrow layout, whose size the buffer has at the least.
-    if (P.splits == QS_PROJ_WIDE_SPLITS) {
-        qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_split_finish_body<decltype(k)::V, QS_PROJ_WIDE_SPLITS>(P, valid, sm); });
-    } else {
-        qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_split_finish_body<decltype(k)::V, QS_LEAN_SPLITS>(P, valid, sm); });
-    }
+    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_split_finish_body<decltype(k)::V>(P, valid, sm); });
 }
 #else
 // Not a cluster-capable CUDA device (HIP, CUDA before sm_90): the entries exist so that every

@@ -7,7 +7,7 @@
 //! measured by tests/gpu/bench_torch.py in the same command; docs/measurements/ puts them side
 //! by side.
 
-use quantshadow_runtime::device::abi::{self, QsGemmDesc, QsMatrixDesc, QsRowSel};
+use quantshadow_runtime::device::abi::{QsGemmDesc, QsMatrixDesc, QsRowSel};
 use quantshadow_runtime::device::cuda::CudaRuntime;
 use quantshadow_runtime::device::gpu::{CompareRequest, GpuChecker};
 use quantshadow_runtime::device::snapshot::SnapshotLayout;
@@ -169,7 +169,7 @@ pub fn run(
     for &probes in probe_counts.iter().filter(|_| want("sketch")) {
         // Sketch check per call (weight projection done once, outside the timing).
         emit(&mut report, &format!(
-            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | in place, epoch counted on the device, us | kernel | general kernel in place, us | detached: copy on the caller's stream, us | detached: check over the copy, us | split: projections on the caller's stream, us | split: projections, 8-split grid, us | split: finishing (side stream), us |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+            "\n| sketch check (k = {probes}, {DEFAULT_ROWS_PER_CALL} rows/call) | formats | M | N x K | in place, us per call | in place, epoch counted on the device, us | kernel | general kernel in place, us | detached: copy on the caller's stream, us | detached: check over the copy, us | split: projections on the caller's stream, us | split: finishing (side stream), us |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
         ));
         for (a, d) in [(Format::Bf16, Format::Bf16), (Format::E4m3fn, Format::Bf16)] {
             for (n, k) in [(4096u64, 4096u64), (14336, 4096), (4096, 14336), (128256, 4096)] {
@@ -246,55 +246,41 @@ pub fn run(
                         "-".into()
                     };
                     // Split (eager calls that take the lean check): the projections, which the
-                    // caller's stream pays (the device's grid, and the 8-split one beside it),
-                    // and the finishing, which runs on a side stream.
-                    let (proj_us, proj8_us, fin_us) = if lean {
+                    // caller's stream pays, and the finishing, which runs on a side stream.
+                    let (proj_us, fin_us) = if lean {
                         let entries =
                             checker.sketch_entries(a, a, d, weight.kp).map_err(|e| e.to_string())?;
-                        let chosen = checker.split_layout(rows.count, weight.kp);
-                        let narrow = abi::SplitLayout::with_splits(rows.count, weight.kp, abi::LEAN_SPLITS)
-                            .expect("8 splits");
+                        let layout =
+                            quantshadow_runtime::device::abi::SplitLayout::new(rows.count, weight.kp);
                         let buffer =
-                            checker.alloc_zeroed(chosen.bytes().max(narrow.bytes()) as usize).map_err(|e| e.to_string())?;
+                            checker.alloc_zeroed(layout.bytes() as usize).map_err(|e| e.to_string())?;
                         let split_scratch = checker
                             .sketch_scratch(sample.count.min(m), k, n, probes, false)
                             .map_err(|e| e.to_string())?;
-                        let mut times = Vec::new();
-                        for layout in [chosen, narrow] {
-                            let (mut project, finish) = checker
-                                .prepare_split_check(
-                                    entries,
-                                    &g,
-                                    rows,
-                                    &weight,
-                                    &split_scratch,
-                                    buffer.ptr,
-                                    layout,
-                                    (1, 0),
-                                )
-                                .map_err(|e| e.to_string())?;
-                            let proj_ms = time_ms(rt.as_ref(), 50, 5, || {
-                                project.params.rows.epoch_value += 1;
-                                checker.launch_prepared(&project, Stream::default())
-                            })
+                        let (mut project, finish) = checker
+                            .prepare_split_check(
+                                entries,
+                                &g,
+                                rows,
+                                &weight,
+                                &split_scratch,
+                                buffer.ptr,
+                                (1, 0),
+                            )
                             .map_err(|e| e.to_string())?;
-                            times.push(format!("{:.1}", proj_ms * 1e3));
-                            if layout == chosen {
-                                let fin_ms = time_ms(rt.as_ref(), 50, 5, || {
-                                    checker.launch_prepared(&finish, Stream::default())
-                                })
-                                .map_err(|e| e.to_string())?;
-                                times.push(format!("{:.1}", fin_ms * 1e3));
-                            }
-                            while checker.with_ring(|r| r.poll()).is_some() {}
-                        }
-                        (
-                            format!("{} ({} splits)", times[0], chosen.splits),
-                            times[2].clone(),
-                            times[1].clone(),
-                        )
+                        let proj_ms = time_ms(rt.as_ref(), 50, 5, || {
+                            project.params.rows.epoch_value += 1;
+                            checker.launch_prepared(&project, Stream::default())
+                        })
+                        .map_err(|e| e.to_string())?;
+                        let fin_ms = time_ms(rt.as_ref(), 50, 5, || {
+                            checker.launch_prepared(&finish, Stream::default())
+                        })
+                        .map_err(|e| e.to_string())?;
+                        while checker.with_ring(|r| r.poll()).is_some() {}
+                        (format!("{:.1}", proj_ms * 1e3), format!("{:.1}", fin_ms * 1e3))
                     } else {
-                        ("-".into(), "-".into(), "-".into())
+                        ("-".into(), "-".into())
                     };
                     // Detached (QUANTSHADOW_SKETCH_DETACH, the shim's default): what the caller's
                     // stream pays (the copy kernel) and the check over the copy, apart.
@@ -337,7 +323,7 @@ pub fn run(
                     emit(
                         &mut report,
                         &format!(
-                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {:.1} | {} | {general} | {copy_us} | {check_us} | {proj_us} | {proj8_us} | {fin_us} |\n",
+                            "| sketch | {a}->{d} | {m} | {n}x{k} | {:.1} | {:.1} | {} | {general} | {copy_us} | {check_us} | {proj_us} | {fin_us} |\n",
                             ms * 1e3,
                             device_ms * 1e3,
                             if lean { "lean" } else { "general" }

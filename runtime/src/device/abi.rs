@@ -632,37 +632,17 @@ pub struct QsSplitRow {
 }
 
 /// Byte layout of a split check's buffer (qs_abi.h QsSplitHeader): the header, a
-/// [`QsSplitRow`] per row of the lean grid's groups, then f32 partials [groups][splits]
+/// [`QsSplitRow`] per row of the lean grid's groups, then f32 partials [groups][LEAN_SPLITS]
 /// [2][LEAN_ROWS][kp]. Zero when first handed out: the kernels leave the header's counts zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitLayout {
     pub groups: u64,
     pub kp: u32,
-    /// K / N splits of the projection grid per group: [`LEAN_SPLITS`] or [`PROJ_WIDE_SPLITS`].
-    pub splits: u64,
 }
 
 impl SplitLayout {
-    /// The layout for `rows` sampled rows on a device of `multiprocessors` SMs: the wide
-    /// projection grid where its blocks fit in one wave ([`split_projection_splits`]).
-    pub fn new(rows: u64, kp: u32, multiprocessors: u32) -> SplitLayout {
-        let groups = rows.max(1).div_ceil(LEAN_ROWS);
-        SplitLayout { groups, kp, splits: split_projection_splits(groups, multiprocessors) }
-    }
-    /// The layout with a given number of projection splits (benchmarks and the selftest
-    /// compare both); `None` for a count the kernels do not take.
-    pub fn with_splits(rows: u64, kp: u32, splits: u64) -> Option<SplitLayout> {
-        [LEAN_SPLITS, PROJ_WIDE_SPLITS]
-            .contains(&splits)
-            .then(|| SplitLayout { groups: rows.max(1).div_ceil(LEAN_ROWS), kp, splits })
-    }
-    /// Grid of the projections: (groups, splits).
-    pub fn projection_launch(&self) -> Result<LaunchConfig, AbiError> {
-        LaunchConfig::new([self.groups, self.splits, 1], BLOCK_THREADS)
-    }
-    /// Grid of the finishing: (groups, [`LEAN_SPLITS`]), 4 rows a block whatever the splits.
-    pub fn finishing_launch(&self) -> Result<LaunchConfig, AbiError> {
-        LaunchConfig::new([self.groups, LEAN_SPLITS, 1], BLOCK_THREADS)
+    pub fn new(rows: u64, kp: u32) -> SplitLayout {
+        SplitLayout { groups: rows.max(1).div_ceil(LEAN_ROWS), kp }
     }
     pub fn status_offset(&self) -> u64 {
         offset_of!(QsSplitHeader, status) as u64
@@ -674,7 +654,7 @@ impl SplitLayout {
         self.rows_offset() + self.groups * LEAN_ROWS * size_of::<QsSplitRow>() as u64
     }
     pub fn bytes(&self) -> u64 {
-        self.partials_offset() + self.groups * self.splits * 2 * LEAN_ROWS * self.kp as u64 * 4
+        self.partials_offset() + self.groups * LEAN_SPLITS * 2 * LEAN_ROWS * self.kp as u64 * 4
     }
 }
 
@@ -1278,20 +1258,6 @@ pub const SKETCH_MIN_SLICE: u64 = 128;
 pub const LEAN_ROWS: u64 = 32;
 pub const LEAN_SPLITS: u64 = 8;
 pub const LEAN_UNIT: u64 = 32;
-/// The split check's wider projection grid (qs_sketch.cu QS_PROJ_WIDE_SPLITS): twice the
-/// blocks of [`LEAN_SPLITS`], each with half the slice, for rows whose 8-split grid would leave
-/// half the SMs idle (256 rows: 64 blocks of an H100's 132).
-pub const PROJ_WIDE_SPLITS: u64 = 16;
-
-/// Projection splits of a split check of `groups` row groups: [`PROJ_WIDE_SPLITS`] when that
-/// grid fits in one wave at one block per SM, else [`LEAN_SPLITS`].
-pub fn split_projection_splits(groups: u64, multiprocessors: u32) -> u64 {
-    if groups * PROJ_WIDE_SPLITS <= multiprocessors as u64 {
-        PROJ_WIDE_SPLITS
-    } else {
-        LEAN_SPLITS
-    }
-}
 
 /// A and D formats the lean check is compiled for (qs_sketch.cu QS_LEAN_FORMATS).
 pub fn lean_sketch_formats(a: Format, d: Format) -> bool {
@@ -1851,39 +1817,25 @@ mod tests {
         };
         assert_eq!(define("QS_LEAN_ROWS"), LEAN_ROWS);
         assert_eq!(define("QS_LEAN_SPLITS"), LEAN_SPLITS);
-        assert_eq!(define("QS_PROJ_WIDE_SPLITS"), PROJ_WIDE_SPLITS);
     }
 
     #[test]
     fn a_split_buffer_holds_what_its_two_kernels_address() {
-        // qs_sketch.cu: rows right after the header, then [groups][splits][2][LEAN_ROWS][kp]
-        // f32 partials; the grid has one group per 32 rows, the last one partial. 10 groups of
-        // 16 splits do not fit on 132 SMs: 8 splits.
-        let l = SplitLayout::new(300, 32, 132);
-        assert_eq!((l.groups, l.splits), (10, 8));
+        // qs_sketch.cu: rows right after the header, then [groups][LEAN_SPLITS][2][LEAN_ROWS][kp]
+        // f32 partials; the grid has one group per 32 rows, the last one partial.
+        let l = SplitLayout::new(300, 32);
+        assert_eq!(l.groups, 10);
         assert_eq!(l.rows_offset(), 704);
         assert_eq!(l.partials_offset(), 704 + 10 * 32 * 16);
         assert_eq!(l.bytes(), l.partials_offset() + 10 * 8 * 2 * 32 * 32 * 4);
         assert_eq!(l.status_offset(), 640);
-        assert_eq!(l.projection_launch().unwrap().grid, [10, 8, 1]);
-        assert_eq!(l.finishing_launch().unwrap().grid, [10, 8, 1]);
-        // 256 rows (the default sample) on an H100: 8 groups of 16 splits, 128 blocks.
-        let wide = SplitLayout::new(256, 32, 132);
-        assert_eq!((wide.groups, wide.splits), (8, 16));
-        assert_eq!(wide.bytes(), wide.partials_offset() + 8 * 16 * 2 * 32 * 32 * 4);
-        assert_eq!(wide.projection_launch().unwrap().grid, [8, 16, 1]);
-        assert_eq!(wide.finishing_launch().unwrap().grid, [8, 8, 1]);
-        assert_eq!(SplitLayout::new(256, 32, 127).splits, 8);
-        assert_eq!(SplitLayout::with_splits(256, 32, 8).unwrap().splits, 8);
-        assert_eq!(SplitLayout::with_splits(256, 32, 12), None);
+        assert_eq!(lean_sketch_launch(300).unwrap().grid, [10, 8, 1]);
         // 16-byte aligned regions (the kernels' vector stores need none, the header's u64
-        // atomics need 8): every offset stays aligned for any row count, kp and splits.
+        // atomics need 8): every offset stays aligned for any row count and kp.
         for (rows, kp) in [(1, 8), (33, 16), (256, 32), (4097, 8)] {
-            for splits in [LEAN_SPLITS, PROJ_WIDE_SPLITS] {
-                let l = SplitLayout::with_splits(rows, kp, splits).unwrap();
-                assert_eq!(l.groups, rows.div_ceil(LEAN_ROWS));
-                assert_eq!((l.rows_offset() % 16, l.partials_offset() % 16, l.bytes() % 16), (0, 0, 0));
-            }
+            let l = SplitLayout::new(rows, kp);
+            assert_eq!(l.groups, rows.div_ceil(LEAN_ROWS));
+            assert_eq!((l.rows_offset() % 16, l.partials_offset() % 16, l.bytes() % 16), (0, 0, 0));
         }
     }
 

@@ -1281,14 +1281,8 @@ impl GpuChecker {
         }
     }
 
-    /// The layout of a split check's buffer for `rows` sampled rows and probe padding `kp` on
-    /// this device ([`abi::SplitLayout::new`]).
-    pub fn split_layout(&self, rows: u64, kp: u32) -> abi::SplitLayout {
-        abi::SplitLayout::new(rows, kp, self.info.multiprocessors)
-    }
-
     /// The split check of an eager call (see qs_abi.h QsSplitHeader): the projections for the
-    /// caller's stream, writing into `buffer` (of `layout`, for `rows.count` rows and the
+    /// caller's stream, writing into `buffer` ([`abi::SplitLayout`] of `rows.count` rows and the
     /// weight's kp, zero when first used), and the finishing over that buffer for a stream that
     /// runs after them. Only for checks that take the lean kernel outside captures
     /// ([`Self::sketch_takes_lean`]); `Unsupported` otherwise.
@@ -1301,7 +1295,6 @@ impl GpuChecker {
         weight: &SketchWeight,
         scratch: &SketchScratch,
         buffer: DevicePtr,
-        layout: abi::SplitLayout,
         tag: (u64, u64),
     ) -> Result<(PreparedLaunch<QsSketchParams>, PreparedLaunch<QsSketchParams>), DeviceError> {
         let (Some(wfrag), Some((proj, fin))) = (weight.wfrag.as_ref(), entries.split) else {
@@ -1314,18 +1307,11 @@ impl GpuChecker {
                 "split sketch check: the call does not take the lean check".into(),
             ));
         }
-        let Some(expected) = abi::SplitLayout::with_splits(rows.count, weight.kp, layout.splits) else {
-            return Err(DeviceError::Unsupported(format!("split sketch check: {} projection splits", layout.splits)));
-        };
-        if layout != expected {
-            return Err(DeviceError::Unsupported(format!(
-                "split sketch check: buffer layout {layout:?} is not the one of {} rows at kp {}",
-                rows.count, weight.kp
-            )));
-        }
+        let config = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
+        let layout = abi::SplitLayout::new(rows.count, weight.kp);
         let mut finish = self.sketch_params(g, rows, weight, scratch, tag);
         finish.wfrag_ptr = wfrag.ptr;
-        finish.splits = layout.splits as u32;
+        finish.splits = abi::LEAN_SPLITS as u32;
         finish.rows_per_group = abi::LEAN_ROWS as u32;
         finish.split_ptr = buffer;
         // The projections touch nothing of the check's scratch: the finishing of the site's
@@ -1340,19 +1326,8 @@ impl GpuChecker {
             ..finish
         };
         Ok((
-            PreparedLaunch {
-                function: proj,
-                config: layout.projection_launch().map_err(abi_err)?,
-                params: project,
-                // It waits for the GEMM ahead before reading A, D or scalars, in every block.
-                early_start: self.early_start(),
-            },
-            PreparedLaunch {
-                function: fin,
-                config: layout.finishing_launch().map_err(abi_err)?,
-                params: finish,
-                early_start: false,
-            },
+            PreparedLaunch { function: proj, config, params: project, early_start: false },
+            PreparedLaunch { function: fin, config, params: finish, early_start: false },
         ))
     }
 

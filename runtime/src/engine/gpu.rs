@@ -1026,7 +1026,7 @@ impl GpuBackend {
                 }
             }
         };
-        let layout = self.checker.split_layout(sample.count, weight.kp);
+        let layout = abi::SplitLayout::new(sample.count, weight.kp);
         let mut buffers = self.split_buffers.lock().unwrap_or_else(|e| e.into_inner());
         let buf =
             match buffers.take(self.runtime.as_ref(), &self.checker, layout.bytes(), true, SPLIT_BUFFERS) {
@@ -1044,7 +1044,6 @@ impl GpuBackend {
             weight,
             &scratch,
             buffer,
-            layout,
             (req.site_id, req.call_seq),
         ) else {
             return Detach::OnStream;
@@ -2223,17 +2222,16 @@ mod tests {
             kernels
         };
         let side = SIDE_STREAM.0;
-        // 8 row groups: projections over 16 splits (128 blocks fit the fake's 132 SMs), the
-        // finishing and the fused check over 8.
+        // 8 row groups of 8 splits each: the projections, the finishing and the fused check.
         let split_call = format!(
-            "launch qs_sketch_proj_bf16_bf16 8x16x1 on 7 | record 1 on 7 | {side} waits 1 | launch qs_sketch_fin_bf16_bf16 8x8x1 on {side} | record 2 on {side}"
+            "launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | record 1 on 7 | {side} waits 1 | launch qs_sketch_fin_bf16_bf16 8x8x1 on {side} | record 2 on {side}"
         );
         let fused = "launch qs_sketch_lean_bf16_bf16 8x8x1 on 7";
         // Every buffer still in use (no event done): SPLIT_BUFFERS calls split, then fused.
         let calls = run(true, SPLIT_BUFFERS as u64 + 2, None);
         assert_eq!(calls[0], split_call);
         assert!(
-            calls[1..SPLIT_BUFFERS].iter().all(|c| c.starts_with("launch qs_sketch_proj_bf16_bf16 8x16x1 on 7")),
+            calls[1..SPLIT_BUFFERS].iter().all(|c| c.starts_with("launch qs_sketch_proj_bf16_bf16 8x8x1 on 7")),
             "{calls:?}"
         );
         assert_eq!(calls[SPLIT_BUFFERS..], [fused, fused]);
@@ -2241,7 +2239,7 @@ mod tests {
         let calls = run(true, SPLIT_BUFFERS as u64 + 2, Some(SPLIT_BUFFERS as u64 + 1));
         assert_eq!(calls[SPLIT_BUFFERS], fused);
         assert!(
-            calls[SPLIT_BUFFERS + 1].starts_with("launch qs_sketch_proj_bf16_bf16 8x16x1 on 7 | record 1 on 7"),
+            calls[SPLIT_BUFFERS + 1].starts_with("launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | record 1 on 7"),
             "{calls:?}"
         );
         // Off: the fused check every time.
