@@ -448,6 +448,8 @@ impl LastBranches {
 #[derive(Default)]
 struct EagerSnapshots {
     slots: Vec<EagerSnapshot>,
+    /// Hand-outs so far (`EagerSnapshot::turn` orders the slots by their last one).
+    handed: u64,
 }
 
 struct EagerSnapshot {
@@ -461,6 +463,8 @@ struct EagerSnapshot {
     /// Work on it was enqueued whose end no event marks (a failed record): never handed out
     /// again, since a later user could overwrite what that work still reads.
     lost: bool,
+    /// When it was last handed out (`EagerSnapshots::handed`).
+    turn: u64,
 }
 
 impl EagerSnapshots {
@@ -489,12 +493,70 @@ impl EagerSnapshots {
                     done: runtime.create_sync_event()?,
                     pending: false,
                     lost: false,
+                    turn: 0,
                 });
                 self.slots.len() - 1
             }
             None => return Ok(None),
         };
+        self.prepare(i, checker, bytes, zeroed)
+    }
+
+    /// For the split checks: slots are handed out in turn, so that one is never refused while
+    /// the host runs ahead of the GPU (with `take`, a host 8 calls ahead found every slot's
+    /// finishing still queued and fell back to the fused check). A new slot while there are
+    /// fewer than `most`; then the one handed out longest ago, at once if its last finishing is
+    /// known done, else after `stream` is made to wait for that finishing's `done` event
+    /// (enqueued `most` checks earlier, it has almost always run by then; the host never
+    /// waits). Lost slots are passed over. None: every slot is lost, or the oldest is too small
+    /// (growing it would free memory its work may still read). One event query per call at most. Errors: an event cannot be created or
+    /// waited for (the slot is left as it was), the pool cannot hold the buffer.
+    fn take_in_turn(
+        &mut self,
+        runtime: &dyn GpuRuntime,
+        checker: &GpuChecker,
+        bytes: u64,
+        most: usize,
+        stream: Stream,
+    ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
+        let i = if self.slots.len() < most {
+            self.slots.push(EagerSnapshot {
+                buffer: None,
+                copied: runtime.create_sync_event()?,
+                done: runtime.create_sync_event()?,
+                pending: false,
+                lost: false,
+                turn: 0,
+            });
+            self.slots.len() - 1
+        } else {
+            let in_use = self.slots.iter().enumerate().filter(|(_, s)| !s.lost);
+            let Some((i, oldest)) = in_use.min_by_key(|(_, s)| s.turn) else {
+                return Ok(None);
+            };
+            if oldest.buffer.as_ref().is_none_or(|b| (b.bytes as u64) < bytes) {
+                return Ok(None);
+            }
+            if oldest.pending && !runtime.event_done(oldest.done).unwrap_or(false) {
+                runtime.wait_event(stream, oldest.done)?;
+            }
+            i
+        };
+        self.prepare(i, checker, bytes, true)
+    }
+
+    /// Slot `i` handed out now, with a buffer of at least `bytes` (`zeroed`: a buffer allocated
+    /// here is zeroed).
+    fn prepare(
+        &mut self,
+        i: usize,
+        checker: &GpuChecker,
+        bytes: u64,
+        zeroed: bool,
+    ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
+        self.handed += 1;
         let snap = &mut self.slots[i];
+        snap.turn = self.handed;
         snap.pending = false;
         if snap.buffer.as_ref().is_none_or(|b| (b.bytes as u64) < bytes) {
             snap.buffer = None; // back to the pool first, so growing can reuse its space
@@ -994,7 +1056,8 @@ impl GpuBackend {
     /// lost) where it does not apply: split checks off or not on this device, no side stream,
     /// fewer sampled rows than [`EAGER_DETACH_MIN_ROWS`] (there the host's launch rate binds, and
     /// this path makes four driver calls instead of one), a call the lean check does not take,
-    /// every split buffer still in use, or a set-up the pool cannot hold.
+    /// no split buffer to take ([`EagerSnapshots::take_in_turn`]: the caller's stream may wait
+    /// for the finishing that last used the one it takes), or a set-up the pool cannot hold.
     fn sketch_split(
         &self,
         req: &CheckRequest,
@@ -1028,11 +1091,11 @@ impl GpuBackend {
         };
         let layout = abi::SplitLayout::new(sample.count, weight.kp);
         let mut buffers = self.split_buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let buf =
-            match buffers.take(self.runtime.as_ref(), &self.checker, layout.bytes(), true, SPLIT_BUFFERS) {
-                Ok(Some(buf)) => buf,
-                Ok(None) | Err(_) => return Detach::OnStream,
-            };
+        let buf = match buffers.take_in_turn(self.runtime.as_ref(), &self.checker, layout.bytes(), SPLIT_BUFFERS, stream)
+        {
+            Ok(Some(buf)) => buf,
+            Ok(None) | Err(_) => return Detach::OnStream,
+        };
         let buffer = buf.buffer.as_ref().expect("taken with a buffer").ptr;
         // The site's next rows, counted only once the projections are enqueued.
         let mut next_epoch = site.eager_epoch;
@@ -2178,8 +2241,9 @@ mod tests {
     fn an_eager_check_of_many_rows_is_split_while_a_buffer_is_free() {
         // A 1024-row bf16 call (256 rows sampled) on a device with the lean check: with split
         // checks on, the projections go on the caller's stream and the finishing on the side
-        // stream behind an event; with every split buffer still in use the call gets the fused
-        // check on its stream instead (nothing skipped); with split checks off, always that.
+        // stream behind an event. The buffers are taken in turn: once all exist, the oldest, and
+        // while its finishing may still run, the caller's stream first waits for it (never the
+        // fused check for want of a buffer). With split checks off, the fused check always.
         use crate::device::fake::SIDE_STREAM;
         use crate::problem::{GemmBuffers, GemmProblem};
         let run = |split: bool, calls: u64, done_after: Option<u64>| -> Vec<String> {
@@ -2215,7 +2279,9 @@ mod tests {
                 let log = rt.take_log();
                 let check: Vec<&String> = log
                     .iter()
-                    .skip_while(|l| !l.contains("qs_sketch_lean") && !l.contains("qs_sketch_proj"))
+                    .skip_while(|l| {
+                        !l.contains("qs_sketch_lean") && !l.contains("qs_sketch_proj") && !l.starts_with("7 waits")
+                    })
                     .collect();
                 kernels.push(check.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(" | "));
             }
@@ -2227,21 +2293,28 @@ mod tests {
             "launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | record 1 on 7 | {side} waits 1 | launch qs_sketch_fin_bf16_bf16 8x8x1 on {side} | record 2 on {side}"
         );
         let fused = "launch qs_sketch_lean_bf16_bf16 8x8x1 on 7";
-        // Every buffer still in use (no event done): SPLIT_BUFFERS calls split, then fused.
+        // Buffer b has events copied = 2b + 1 and done = 2b + 2.
+        let split_into = |b: usize| {
+            format!(
+                "launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | record {} on 7 | {side} waits {} | launch qs_sketch_fin_bf16_bf16 8x8x1 on {side} | record {} on {side}",
+                2 * b + 1,
+                2 * b + 1,
+                2 * b + 2
+            )
+        };
+        // No finishing ever seen done: SPLIT_BUFFERS new buffers, then the oldest again, each
+        // behind a wait of the caller's stream for its last finishing.
         let calls = run(true, SPLIT_BUFFERS as u64 + 2, None);
         assert_eq!(calls[0], split_call);
-        assert!(
-            calls[1..SPLIT_BUFFERS].iter().all(|c| c.starts_with("launch qs_sketch_proj_bf16_bf16 8x8x1 on 7")),
-            "{calls:?}"
-        );
-        assert_eq!(calls[SPLIT_BUFFERS..], [fused, fused]);
-        // Once the finishing is done, a buffer is handed out again.
+        for (b, call) in calls[..SPLIT_BUFFERS].iter().enumerate() {
+            assert_eq!(*call, split_into(b));
+        }
+        assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
+        assert_eq!(calls[SPLIT_BUFFERS + 1], format!("7 waits 4 | {}", split_into(1)));
+        // Finishings seen done: the oldest buffer is taken again without a wait.
         let calls = run(true, SPLIT_BUFFERS as u64 + 2, Some(SPLIT_BUFFERS as u64 + 1));
-        assert_eq!(calls[SPLIT_BUFFERS], fused);
-        assert!(
-            calls[SPLIT_BUFFERS + 1].starts_with("launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | record 1 on 7"),
-            "{calls:?}"
-        );
+        assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
+        assert_eq!(calls[SPLIT_BUFFERS + 1], split_into(1));
         // Off: the fused check every time.
         assert_eq!(run(false, 3, None), [fused, fused, fused]);
     }
