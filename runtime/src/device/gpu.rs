@@ -16,7 +16,7 @@ use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, LaunchOrder, MappedH
 use crate::formats::Format;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -294,12 +294,14 @@ pub struct GpuChecker {
     early_start: AtomicBool,
     /// Launches that started early (the selftest shows that the path ran).
     early_launches: AtomicU64,
-    /// Eager checks that take the lean kernel may be split (`qs_sketch_proj` on the caller's
-    /// stream, `qs_sketch_fin` on a side stream; the shim decides per call): where the lean
-    /// check runs and `QUANTSHADOW_SKETCH_SPLIT=1`. Off by default: on an H100 it took 2-3
-    /// points off a 4096^3 GEMM's check and none off Llama prefill, whose host it costs three
-    /// more driver calls per check (docs/measurements/2026-11-27-h100-split-check.md).
-    split_sketch: AtomicBool,
+    /// Which eager checks that take the lean kernel are split (`qs_sketch_proj` on the caller's
+    /// stream, `qs_sketch_fin` on a side stream; the shim decides per call), a [`SplitUse`] as
+    /// u8: where the lean check runs, `QUANTSHADOW_SKETCH_SPLIT` (default `auto`: GEMMs of at
+    /// least [`SPLIT_AUTO_MIN_FLOPS`]). On an H100 it took 6-7 points off an FP8 4096^3 GEMM's
+    /// check and 2-6 off bf16's, and added 1-50% to the host-bound prefill of a 1024-wide Llama,
+    /// whose host pays four more driver calls per check
+    /// (docs/measurements/2026-11-27-h100-split-in-turn.md).
+    split_sketch: AtomicU8,
     /// The result ring's descriptor, apart from the ring: the poller holds the ring's lock while
     /// it reads slots, and every check's parameters need the descriptor.
     ring_desc: Mutex<abi::QsRingDesc>,
@@ -326,15 +328,54 @@ pub struct KernelChoices {
     pub lean: LeanUse,
     /// `QUANTSHADOW_EARLY_START=1` (default `0`): see [`GpuChecker`]'s `early_start`.
     pub early_start: bool,
-    /// `QUANTSHADOW_SKETCH_SPLIT=0|1` (default `0`): see [`GpuChecker`]'s `split_sketch`.
-    pub split: bool,
+    /// `QUANTSHADOW_SKETCH_SPLIT=0|1|auto` (default `auto`): see [`GpuChecker`]'s `split_sketch`.
+    pub split: SplitUse,
 }
 
 impl Default for KernelChoices {
     fn default() -> Self {
-        KernelChoices { lean: LeanUse::Eager, early_start: false, split: false }
+        KernelChoices { lean: LeanUse::Eager, early_start: false, split: SplitUse::Large }
     }
 }
+
+/// Which eager sketch checks are split (`QUANTSHADOW_SKETCH_SPLIT`; see [`GpuChecker`]'s
+/// `split_sketch`). Among calls that can be split at all (64 or more sampled rows, the lean
+/// check, a side stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SplitUse {
+    /// `0`: none.
+    Off = 0,
+    /// `auto` (default): GEMMs of at least [`SPLIT_AUTO_MIN_FLOPS`], long enough on the GPU
+    /// that the check's time there, not the host's four extra driver calls, is what a caller
+    /// waits for.
+    Large = 1,
+    /// `1`: every one.
+    On = 2,
+}
+
+impl SplitUse {
+    fn from_u8(v: u8) -> SplitUse {
+        match v {
+            1 => SplitUse::Large,
+            2 => SplitUse::On,
+            _ => SplitUse::Off,
+        }
+    }
+    /// Whether a GEMM of `flops` (2 M N K over its batch) is split under this setting.
+    pub fn splits(self, flops: f64) -> bool {
+        match self {
+            SplitUse::Off => false,
+            SplitUse::Large => flops >= SPLIT_AUTO_MIN_FLOPS,
+            SplitUse::On => true,
+        }
+    }
+}
+
+/// Smallest GEMM (2 M N K) a split check is taken for under `auto`: 2^36, ~70 us of FP8 or
+/// ~100 us of bf16 on an H100. An FP8 4096^3 GEMM (2^37) is above it; Llama-8B's 1024-token
+/// attention projections (2^35) and every GEMM of a 1024-wide model's prefill are below.
+pub const SPLIT_AUTO_MIN_FLOPS: f64 = 68_719_476_736.0;
 
 use crate::engine::config::on_off;
 
@@ -363,9 +404,14 @@ impl KernelChoices {
             }
         }
         if let Some(v) = get("QUANTSHADOW_SKETCH_SPLIT").filter(|v| !v.trim().is_empty()) {
-            match on_off(&v) {
-                Some(on) => choices.split = on,
-                None => warnings.push(format!("QUANTSHADOW_SKETCH_SPLIT={v:?} is not 0 or 1; using 0")),
+            if v.trim().eq_ignore_ascii_case("auto") {
+                choices.split = SplitUse::Large;
+            } else {
+                match on_off(&v) {
+                    Some(on) => choices.split = if on { SplitUse::On } else { SplitUse::Off },
+                    None => warnings
+                        .push(format!("QUANTSHADOW_SKETCH_SPLIT={v:?} is not 0, 1 or auto; using auto")),
+                }
             }
         }
         (choices, warnings)
@@ -380,7 +426,12 @@ impl KernelChoices {
             LeanUse::Graphs => "graphs",
         };
         let flag = |on: bool| if on { "1" } else { "0" };
-        [("sketch_lean", lean), ("early_start", flag(self.early_start)), ("sketch_split", flag(self.split))]
+        let split = match self.split {
+            SplitUse::Off => "0",
+            SplitUse::Large => "auto",
+            SplitUse::On => "1",
+        };
+        [("sketch_lean", lean), ("early_start", flag(self.early_start)), ("sketch_split", split)]
     }
 }
 
@@ -550,7 +601,7 @@ impl GpuChecker {
             pool: None,
             lean_sketch: AtomicBool::new(false),
             lean_in_graphs: AtomicBool::new(false),
-            split_sketch: AtomicBool::new(false),
+            split_sketch: AtomicU8::new(SplitUse::Off as u8),
             early_start: AtomicBool::new(false),
             early_launches: AtomicU64::new(0),
             ring_desc: Mutex::new(ring.desc()),
@@ -565,13 +616,17 @@ impl GpuChecker {
     pub fn apply(&self, choices: KernelChoices) {
         let lean = self.set_lean_sketch(choices.lean != LeanUse::Off);
         self.lean_in_graphs.store(lean && choices.lean == LeanUse::Graphs, Ordering::Relaxed);
-        self.split_sketch.store(lean && choices.split, Ordering::Relaxed);
+        let split = if lean { choices.split } else { SplitUse::Off };
+        self.split_sketch.store(split as u8, Ordering::Relaxed);
         self.set_early_start(choices.early_start);
     }
 
-    /// Whether eager checks that take the lean kernel may be split (see `split_sketch`).
-    pub fn split_sketch(&self) -> bool {
-        self.split_sketch.load(Ordering::Relaxed) && self.lean_sketch()
+    /// Which eager checks that take the lean kernel are split (see `split_sketch`).
+    pub fn split_sketch(&self) -> SplitUse {
+        if !self.lean_sketch() {
+            return SplitUse::Off;
+        }
+        SplitUse::from_u8(self.split_sketch.load(Ordering::Relaxed))
     }
 
     /// Whether sketch checks prepared from now on may take the lean kernel.

@@ -522,26 +522,37 @@ mod tests {
 
     #[test]
     fn kernel_choices_are_validated_and_recorded() {
-        use crate::device::gpu::{KernelChoices, LeanUse};
+        use crate::device::gpu::{KernelChoices, LeanUse, SplitUse};
         let setting =
             |c: &Config, k: &str| c.settings().into_iter().find(|(key, _)| key == k).map(|(_, v)| v);
         let d = cfg(&[]);
-        assert_eq!(d.kernels, KernelChoices { lean: LeanUse::Eager, early_start: false, split: false });
+        assert_eq!(
+            d.kernels,
+            KernelChoices { lean: LeanUse::Eager, early_start: false, split: SplitUse::Large }
+        );
         assert_eq!(
             (
                 setting(&d, "sketch_lean").as_deref(),
                 setting(&d, "early_start").as_deref(),
                 setting(&d, "sketch_split").as_deref()
             ),
-            (Some("1"), Some("0"), Some("0"))
+            (Some("1"), Some("0"), Some("auto"))
         );
         let c = cfg(&[
             ("QUANTSHADOW_SKETCH_LEAN", " Graphs "),
             ("QUANTSHADOW_EARLY_START", "1"),
             ("QUANTSHADOW_SKETCH_SPLIT", "1"),
         ]);
-        assert_eq!(c.kernels, KernelChoices { lean: LeanUse::Graphs, early_start: true, split: true });
+        assert_eq!(
+            c.kernels,
+            KernelChoices { lean: LeanUse::Graphs, early_start: true, split: SplitUse::On }
+        );
         assert_eq!(setting(&c, "sketch_split").as_deref(), Some("1"));
+        for (v, want, recorded) in [("0", SplitUse::Off, "0"), (" AUTO ", SplitUse::Large, "auto")] {
+            let c = cfg(&[("QUANTSHADOW_SKETCH_SPLIT", v)]);
+            assert_eq!((c.kernels.split, setting(&c, "sketch_split").as_deref()), (want, Some(recorded)));
+            assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        }
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         assert_eq!(setting(&c, "sketch_lean").as_deref(), Some("graphs"));
         assert_eq!(cfg(&[("QUANTSHADOW_SKETCH_LEAN", "0")]).kernels.lean, LeanUse::Off);
@@ -554,7 +565,7 @@ mod tests {
         assert_eq!(bad.kernels, KernelChoices::default());
         assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
         assert!(
-            bad.warnings[2].contains("QUANTSHADOW_SKETCH_SPLIT=\"maybe\" is not 0 or 1"),
+            bad.warnings[2].contains("QUANTSHADOW_SKETCH_SPLIT=\"maybe\" is not 0, 1 or auto; using auto"),
             "{:?}",
             bad.warnings
         );

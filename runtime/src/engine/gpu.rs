@@ -1053,7 +1053,8 @@ impl GpuBackend {
     /// An eager check split in two (qs_abi.h QsSplitHeader): the projections on the caller's
     /// stream, the finishing on the side stream behind an event, into the shape's scratch that
     /// only the side stream uses. `OnStream` (the fused check on the caller's stream, nothing
-    /// lost) where it does not apply: split checks off or not on this device, no side stream,
+    /// lost) where it does not apply: split checks off or not on this device, under `auto` a
+    /// GEMM below [`crate::device::gpu::SPLIT_AUTO_MIN_FLOPS`], no side stream,
     /// fewer sampled rows than [`EAGER_DETACH_MIN_ROWS`] (there the host's launch rate binds, and
     /// this path makes four driver calls instead of one), a call the lean check does not take,
     /// no split buffer to take ([`EagerSnapshots::take_in_turn`]: the caller's stream may wait
@@ -1067,8 +1068,9 @@ impl GpuBackend {
         site: &mut SiteGpu,
         stream: Stream,
     ) -> Detach {
-        // Off (the default) costs every eager check one relaxed load here.
-        if !self.checker.split_sketch() || sample.count < EAGER_DETACH_MIN_ROWS {
+        // Off costs every eager check one relaxed load here; `auto` (the default) a product.
+        let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch.max(1) as f64;
+        if !self.checker.split_sketch().splits(flops) || sample.count < EAGER_DETACH_MIN_ROWS {
             return Detach::OnStream;
         }
         let Some(side) = self.side_stream else { return Detach::OnStream };
@@ -1091,8 +1093,13 @@ impl GpuBackend {
         };
         let layout = abi::SplitLayout::new(sample.count, weight.kp);
         let mut buffers = self.split_buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let buf = match buffers.take_in_turn(self.runtime.as_ref(), &self.checker, layout.bytes(), SPLIT_BUFFERS, stream)
-        {
+        let buf = match buffers.take_in_turn(
+            self.runtime.as_ref(),
+            &self.checker,
+            layout.bytes(),
+            SPLIT_BUFFERS,
+            stream,
+        ) {
             Ok(Some(buf)) => buf,
             Ok(None) | Err(_) => return Detach::OnStream,
         };
@@ -2243,17 +2250,23 @@ mod tests {
         // checks on, the projections go on the caller's stream and the finishing on the side
         // stream behind an event. The buffers are taken in turn: once all exist, the oldest, and
         // while its finishing may still run, the caller's stream first waits for it (never the
-        // fused check for want of a buffer). With split checks off, the fused check always.
+        // fused check for want of a buffer). With split checks off, the fused check always;
+        // under `auto`, for GEMMs below SPLIT_AUTO_MIN_FLOPS.
         use crate::device::fake::SIDE_STREAM;
+        use crate::device::gpu::SplitUse;
         use crate::problem::{GemmBuffers, GemmProblem};
-        let run = |split: bool, calls: u64, done_after: Option<u64>| -> Vec<String> {
+        const SMALL: (u64, u64, u64) = (1024, 256, 512);
+        let run = |split: SplitUse,
+                   (m, n, k): (u64, u64, u64),
+                   calls: u64,
+                   done_after: Option<u64>|
+         -> Vec<String> {
             let rt = Arc::new(FakeRuntime::with_kernels());
             let mut settings = fake_settings();
             settings.pool_bytes = 64 << 20;
             settings.side_stream = true;
             settings.kernels.split = split;
             let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
-            let (m, n, k) = (1024u64, 256u64, 512u64);
             let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
             let call = crate::intercept::InterceptedGemm {
                 entry: "cublasGemmEx",
@@ -2280,7 +2293,9 @@ mod tests {
                 let check: Vec<&String> = log
                     .iter()
                     .skip_while(|l| {
-                        !l.contains("qs_sketch_lean") && !l.contains("qs_sketch_proj") && !l.starts_with("7 waits")
+                        !l.contains("qs_sketch_lean")
+                            && !l.contains("qs_sketch_proj")
+                            && !l.starts_with("7 waits")
                     })
                     .collect();
                 kernels.push(check.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(" | "));
@@ -2304,7 +2319,7 @@ mod tests {
         };
         // No finishing ever seen done: SPLIT_BUFFERS new buffers, then the oldest again, each
         // behind a wait of the caller's stream for its last finishing.
-        let calls = run(true, SPLIT_BUFFERS as u64 + 2, None);
+        let calls = run(SplitUse::On, SMALL, SPLIT_BUFFERS as u64 + 2, None);
         assert_eq!(calls[0], split_call);
         for (b, call) in calls[..SPLIT_BUFFERS].iter().enumerate() {
             assert_eq!(*call, split_into(b));
@@ -2312,11 +2327,15 @@ mod tests {
         assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
         assert_eq!(calls[SPLIT_BUFFERS + 1], format!("7 waits 4 | {}", split_into(1)));
         // Finishings seen done: the oldest buffer is taken again without a wait.
-        let calls = run(true, SPLIT_BUFFERS as u64 + 2, Some(SPLIT_BUFFERS as u64 + 1));
+        let calls = run(SplitUse::On, SMALL, SPLIT_BUFFERS as u64 + 2, Some(SPLIT_BUFFERS as u64 + 1));
         assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
         assert_eq!(calls[SPLIT_BUFFERS + 1], split_into(1));
         // Off: the fused check every time.
-        assert_eq!(run(false, 3, None), [fused, fused, fused]);
+        assert_eq!(run(SplitUse::Off, SMALL, 3, None), [fused, fused, fused]);
+        // Auto: a GEMM of 2^28 flops keeps the fused check, one of 2^36 (4096 x 4096 x 2048,
+        // 256 of its rows sampled: the same 8 groups) is split.
+        assert_eq!(run(SplitUse::Large, SMALL, 2, None), [fused, fused]);
+        assert_eq!(run(SplitUse::Large, (4096, 4096, 2048), 1, None), [split_call]);
     }
 
     #[test]
