@@ -948,6 +948,25 @@ QS_DEVICE qs_u64 qs_tm_now() {
 #else
 #define QS_TM_ABS(group_done, final_done, claimed) ((void)0)
 #endif
+// The split check's projections (no last block of their own): the last block to end prints
+// its own marks and the grid's latest start, loop end (thread 0's) and end, from the first start.
+__device__ unsigned qs_tm_proj_blocks = 0;
+QS_DEVICE void qs_split_proj_timing(qs_u64 rows_drawn, qs_u64 loop_done, qs_u64 n, qs_u64 k) {
+    __syncthreads();  // the block's stores issued
+    if (threadIdx.x != 0) return;
+    const qs_u64 end = qs_tm_now();
+    atomicMax(&qs_tm_proj, end);
+    __threadfence();
+    if (atomicAdd(&qs_tm_proj_blocks, 1u) + 1 != gridDim.x * gridDim.y) return;
+    const qs_u64 s0 = qs_tm_start;
+    printf("QS_PROJ_STAGES af %d n %llu k %llu last_start %llu loop_max %llu end_max %llu own: drawn %llu loop %llu end %llu\n",
+           QS_A_FMT, n, k, qs_tm_last_start - s0, qs_tm_a - s0, qs_tm_proj - s0, rows_drawn - s0, loop_done - s0, end - s0);
+    qs_tm_start = ~0ull;
+    qs_tm_proj = 0;
+    qs_tm_last_start = 0;
+    qs_tm_a = 0;
+    qs_tm_proj_blocks = 0;
+}
 #define QS_TM_REPORT(group_done, final_done, claimed, kernel)                                                 \
     if (threadIdx.x == 0) {                                                                                  \
         QS_TM_ABS(group_done, final_done, claimed);                                                          \
@@ -1894,6 +1913,9 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
             out.rowbias = sm.rowbias[threadIdx.x];
         }
         if (gi == 0 && si == 0 && threadIdx.x < 5) ((QsSplitHeader*)P.split_ptr)->scalar[threadIdx.x] = sm.scalar[threadIdx.x];
+#if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
+        qs_split_proj_timing(tm_rows, tm_loop, P.g.n, P.g.k);
+#endif
         return;
     }
     QS_TM_PROJ_DONE();
