@@ -297,9 +297,9 @@ pub struct GpuChecker {
     /// Which eager checks that take the lean kernel are split (`qs_sketch_proj` on the caller's
     /// stream, `qs_sketch_fin` on a side stream; the shim decides per call), a [`SplitUse`] as
     /// u8: where the lean check runs, `QUANTSHADOW_SKETCH_SPLIT` (default `auto`: GEMMs of at
-    /// least [`SPLIT_AUTO_MIN_FLOPS`]). On an H100 it took 6-7 points off an FP8 4096^3 GEMM's
-    /// check and 2-6 off bf16's, and added 1-50% to the host-bound prefill of a 1024-wide Llama,
-    /// whose host pays four more driver calls per check
+    /// least [`SPLIT_AUTO_MIN_FLOPS`]). On an H100 it took 1-7 points off an FP8 4096^3 GEMM's
+    /// check and 3-6 off bf16's, and cost the host-bound prefill of a 1024-wide Llama 10-50
+    /// points more than the fused check: its host pays four more driver calls per check
     /// (docs/measurements/2026-11-27-h100-split-in-turn.md).
     split_sketch: AtomicU8,
     /// The result ring's descriptor, apart from the ring: the poller holds the ring's lock while

@@ -509,7 +509,8 @@ impl EagerSnapshots {
     /// known done, else after `stream` is made to wait for that finishing's `done` event
     /// (enqueued `most` checks earlier, it has almost always run by then; the host never
     /// waits). Lost slots are passed over. None: every slot is lost, or the oldest is too small
-    /// (growing it would free memory its work may still read). One event query per call at most. Errors: an event cannot be created or
+    /// (growing it would free memory its work may still read; callers ask for the largest size
+    /// they will need). One event query per call at most. Errors: an event cannot be created or
     /// waited for (the slot is left as it was), the pool cannot hold the buffer.
     fn take_in_turn(
         &mut self,
@@ -1091,12 +1092,13 @@ impl GpuBackend {
                 }
             }
         };
-        let layout = abi::SplitLayout::new(sample.count, weight.kp);
+        // Every buffer of the size the largest sample needs: one taken in turn is never grown.
+        let largest = abi::SplitLayout::new(req.sketch.rows_per_call.max(sample.count), weight.kp);
         let mut buffers = self.split_buffers.lock().unwrap_or_else(|e| e.into_inner());
         let buf = match buffers.take_in_turn(
             self.runtime.as_ref(),
             &self.checker,
-            layout.bytes(),
+            largest.bytes(),
             SPLIT_BUFFERS,
             stream,
         ) {
@@ -2256,10 +2258,12 @@ mod tests {
         use crate::device::gpu::SplitUse;
         use crate::problem::{GemmBuffers, GemmProblem};
         const SMALL: (u64, u64, u64) = (1024, 256, 512);
-        let run = |split: SplitUse,
-                   (m, n, k): (u64, u64, u64),
-                   calls: u64,
-                   done_after: Option<u64>|
+        // `first_m`: the first SPLIT_BUFFERS calls with this many rows instead (same buffers).
+        let run_with = |split: SplitUse,
+                        (m, n, k): (u64, u64, u64),
+                        calls: u64,
+                        done_after: Option<u64>,
+                        first_m: Option<u64>|
          -> Vec<String> {
             let rt = Arc::new(FakeRuntime::with_kernels());
             let mut settings = fake_settings();
@@ -2284,6 +2288,11 @@ mod tests {
             let mut kernels = Vec::new();
             for seq in 0..calls {
                 rt.events_done.store(done_after.is_some_and(|d| seq >= d), Ordering::SeqCst);
+                let m_now = if (seq as usize) < SPLIT_BUFFERS { first_m.unwrap_or(m) } else { m };
+                let call = crate::intercept::InterceptedGemm {
+                    problem: GemmProblem::row_major(m_now, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+                    ..call.clone()
+                };
                 let req = CheckRequest { call_seq: seq, ..CheckRequest::sketch_for_test(&call, &thresholds) };
                 backend
                     .after_call(&req, PreCall::default())
@@ -2302,6 +2311,7 @@ mod tests {
             }
             kernels
         };
+        let run = |split, shape, calls, done_after| run_with(split, shape, calls, done_after, None);
         let side = SIDE_STREAM.0;
         // 8 row groups of 8 splits each: the projections, the finishing and the fused check.
         let split_call = format!(
@@ -2330,6 +2340,11 @@ mod tests {
         let calls = run(SplitUse::On, SMALL, SPLIT_BUFFERS as u64 + 2, Some(SPLIT_BUFFERS as u64 + 1));
         assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
         assert_eq!(calls[SPLIT_BUFFERS + 1], split_into(1));
+        // Buffers first taken by 64-row calls hold a whole sample: a later 256-row call still
+        // splits into the oldest one (a grown buffer could free memory its finishing reads).
+        let calls = run_with(SplitUse::On, SMALL, SPLIT_BUFFERS as u64 + 1, None, Some(64));
+        assert!(calls[0].starts_with("launch qs_sketch_proj_bf16_bf16 2x8x1 on 7"), "{calls:?}");
+        assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
         // Off: the fused check every time.
         assert_eq!(run(SplitUse::Off, SMALL, 3, None), [fused, fused, fused]);
         // Auto: a GEMM of 2^28 flops keeps the fused check, one of 2^36 (4096 x 4096 x 2048,
