@@ -949,9 +949,12 @@ QS_DEVICE qs_u64 qs_tm_now() {
 #define QS_TM_ABS(group_done, final_done, claimed) ((void)0)
 #endif
 // The split check's projections (no last block of their own): the last block to end prints
-// its own marks and the grid's latest start, loop end (thread 0's) and end, from the first start.
+// the grid's latest start, loop end (thread 0's) and end, and its own thread 0's marks (body
+// entered, W_R and sign loads issued, its rows drawn, the barrier after them, loop end, end),
+// all from the grid's first start.
 __device__ unsigned qs_tm_proj_blocks = 0;
-QS_DEVICE void qs_split_proj_timing(qs_u64 rows_drawn, qs_u64 loop_done, qs_u64 n, qs_u64 k) {
+QS_DEVICE void qs_split_proj_timing(qs_u64 begin, qs_u64 issued, qs_u64 drawn_own, qs_u64 rows_drawn, qs_u64 loop_done,
+                                    qs_u64 n, qs_u64 k) {
     __syncthreads();  // the block's stores issued
     if (threadIdx.x != 0) return;
     const qs_u64 end = qs_tm_now();
@@ -959,8 +962,10 @@ QS_DEVICE void qs_split_proj_timing(qs_u64 rows_drawn, qs_u64 loop_done, qs_u64 
     __threadfence();
     if (atomicAdd(&qs_tm_proj_blocks, 1u) + 1 != gridDim.x * gridDim.y) return;
     const qs_u64 s0 = qs_tm_start;
-    printf("QS_PROJ_STAGES af %d n %llu k %llu last_start %llu loop_max %llu end_max %llu own: drawn %llu loop %llu end %llu\n",
-           QS_A_FMT, n, k, qs_tm_last_start - s0, qs_tm_a - s0, qs_tm_proj - s0, rows_drawn - s0, loop_done - s0, end - s0);
+    printf("QS_PROJ_STAGES af %d n %llu k %llu last_start %llu loop_max %llu end_max %llu own: begin %llu issued %llu "
+           "drawn_own %llu drawn %llu loop %llu end %llu\n",
+           QS_A_FMT, n, k, qs_tm_last_start - s0, qs_tm_a - s0, qs_tm_proj - s0, begin - s0, issued - s0, drawn_own - s0,
+           rows_drawn - s0, loop_done - s0, end - s0);
     qs_tm_start = ~0ull;
     qs_tm_proj = 0;
     qs_tm_last_start = 0;
@@ -1637,6 +1642,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     using DM = QsDMma<QS_D_FMT>;
     const unsigned lane = threadIdx.x % QS_WARP_SIZE, warp = threadIdx.x / QS_WARP_SIZE;
     const unsigned gq = lane >> 2, tq = lane & 3u;
+    QS_TM_MARK(tm_begin);
     const QsGemmDesc& g = P.g;
     const qs_u64 st = P.status_ptr;
     // The split is the block's rank in its cluster (0..7 whatever the grid: a malformed grid is
@@ -1682,6 +1688,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     const qs_u64 epoch = P.packed_ptr ? ((const QsSnapHeader*)P.packed_ptr)->epoch : qs_rows_epoch(P.rows);
     load_w(warp * UA);
     load_signs(warp * UD);
+    QS_TM_MARK(tm_issued);
 
     // Status bits found while drawing rows, published after the wait: before it, the site's
     // previous check (whose status word this is) may not have landed its writes yet when the
@@ -1717,8 +1724,12 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         }
         sm.rows[threadIdx.x] = r;
     }
+    QS_TM_MARK(tm_drawn_own);  // thread 0's rows, before the barrier
     __syncthreads();
     QS_TM_MARK(tm_rows);
+    (void)tm_begin;  // printed by the projections' timing only
+    (void)tm_issued;
+    (void)tm_drawn_own;
     // Distributed shared memory may be written only once every block of the cluster runs: this
     // arrival, waited for before the first remote store, guarantees it at no cost by then.
     // Relaxed: a release arrival would wait for the W_R loads in flight (~1.7 us on an H100).
@@ -1914,7 +1925,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
         }
         if (gi == 0 && si == 0 && threadIdx.x < 5) ((QsSplitHeader*)P.split_ptr)->scalar[threadIdx.x] = sm.scalar[threadIdx.x];
 #if defined(QS_SKETCH_TIMING) && defined(QS_CUDA)
-        qs_split_proj_timing(tm_rows, tm_loop, P.g.n, P.g.k);
+        qs_split_proj_timing(tm_begin, tm_issued, tm_drawn_own, tm_rows, tm_loop, P.g.n, P.g.k);
 #endif
         return;
     }
