@@ -486,20 +486,23 @@ impl EagerSnapshots {
             .position(|s| !s.lost && (!s.pending || runtime.event_done(s.done).unwrap_or(false)));
         let i = match free {
             Some(i) => i,
-            None if self.slots.len() < most => {
-                self.slots.push(EagerSnapshot {
-                    buffer: None,
-                    copied: runtime.create_sync_event()?,
-                    done: runtime.create_sync_event()?,
-                    pending: false,
-                    lost: false,
-                    turn: 0,
-                });
-                self.slots.len() - 1
-            }
+            None if self.slots.len() < most => self.push_slot(runtime)?,
             None => return Ok(None),
         };
         self.prepare(i, checker, bytes, zeroed)
+    }
+
+    /// A new slot, without a buffer yet; its index.
+    fn push_slot(&mut self, runtime: &dyn GpuRuntime) -> Result<usize, crate::device::DeviceError> {
+        self.slots.push(EagerSnapshot {
+            buffer: None,
+            copied: runtime.create_sync_event()?,
+            done: runtime.create_sync_event()?,
+            pending: false,
+            lost: false,
+            turn: 0,
+        });
+        Ok(self.slots.len() - 1)
     }
 
     /// For the split checks: slots are handed out in turn, so that one is never refused while
@@ -508,9 +511,9 @@ impl EagerSnapshots {
     /// fewer than `most`; then the one handed out longest ago, at once if its last finishing is
     /// known done, else after `stream` is made to wait for that finishing's `done` event
     /// (enqueued `most` checks earlier, it has almost always run by then; the host never
-    /// waits). Lost slots are passed over. None: every slot is lost, or the oldest is too small
-    /// (growing it would free memory its work may still read; callers ask for the largest size
-    /// they will need). One event query per call at most. Errors: an event cannot be created or
+    /// waits). Lost slots are passed over. None: every slot is lost, or the oldest one's buffer
+    /// is too small (growing it would free memory its work may still read; callers ask for the
+    /// largest size they will need). One event query per call at most. Errors: an event cannot be created or
     /// waited for (the slot is left as it was), the pool cannot hold the buffer.
     fn take_in_turn(
         &mut self,
@@ -521,21 +524,14 @@ impl EagerSnapshots {
         stream: Stream,
     ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
         let i = if self.slots.len() < most {
-            self.slots.push(EagerSnapshot {
-                buffer: None,
-                copied: runtime.create_sync_event()?,
-                done: runtime.create_sync_event()?,
-                pending: false,
-                lost: false,
-                turn: 0,
-            });
-            self.slots.len() - 1
+            self.push_slot(runtime)?
         } else {
             let in_use = self.slots.iter().enumerate().filter(|(_, s)| !s.lost);
             let Some((i, oldest)) = in_use.min_by_key(|(_, s)| s.turn) else {
                 return Ok(None);
             };
-            if oldest.buffer.as_ref().is_none_or(|b| (b.bytes as u64) < bytes) {
+            // Without a buffer (its allocation failed), nothing reads it: one is allocated.
+            if oldest.buffer.as_ref().is_some_and(|b| (b.bytes as u64) < bytes) {
                 return Ok(None);
             }
             if oldest.pending && !runtime.event_done(oldest.done).unwrap_or(false) {
