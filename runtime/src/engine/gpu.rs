@@ -539,7 +539,15 @@ impl EagerSnapshots {
             }
             i
         };
-        self.prepare(i, checker, bytes, true)
+        // Still pending until the caller enqueues its own finishing and records `done` again:
+        // if it enqueues nothing after all, the last finishing's `done` keeps guarding the
+        // buffer for whoever takes it next, on whatever stream.
+        let was_pending = self.slots[i].pending;
+        let taken = self.prepare(i, checker, bytes, true)?;
+        Ok(taken.map(|slot| {
+            slot.pending = was_pending;
+            slot
+        }))
     }
 
     /// Slot `i` handed out now, with a buffer of at least `bytes` (`zeroed`: a buffer allocated
@@ -2240,6 +2248,38 @@ mod tests {
             side_stream: false,
             kernels: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_split_buffer_taken_in_turn_stays_guarded_until_its_new_finishing_is_recorded() {
+        // Two slots, both with a finishing still queued (no event done). Taking the oldest makes
+        // the stream wait for its finishing; a taker that then enqueues nothing (a fallback to
+        // the fused check) leaves it pending, so its next taker waits for that finishing too.
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let mut buffers = EagerSnapshots::default();
+        let st = Stream(7);
+        let mut take = |bytes: u64| {
+            buffers.take_in_turn(rt.as_ref(), &backend.checker, bytes, 2, st).unwrap().map(|slot| {
+                let was = slot.pending;
+                slot.pending = true; // as if its projections and finishing were enqueued
+                was
+            })
+        };
+        assert_eq!((take(4096), take(4096)), (Some(false), Some(false))); // new slots: events 1-4
+        rt.take_log();
+        assert_eq!(take(4096), Some(true)); // slot 0 (done = event 2)
+        assert_eq!(take(4096), Some(true)); // slot 1 (done = event 4)
+        assert_eq!(rt.take_log(), ["7 waits 2", "7 waits 4"]);
+        // A larger request than the oldest slot holds: refused, never grown, no wait.
+        assert_eq!(take(1 << 20), None);
+        assert!(rt.take_log().is_empty());
+        // Finishings seen done: no wait.
+        rt.events_done.store(true, Ordering::SeqCst);
+        assert_eq!(take(4096), Some(true));
+        assert!(rt.take_log().is_empty());
     }
 
     #[test]
