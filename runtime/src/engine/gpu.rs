@@ -543,11 +543,11 @@ impl EagerSnapshots {
         // if it enqueues nothing after all, the last finishing's `done` keeps guarding the
         // buffer for whoever takes it next, on whatever stream.
         let was_pending = self.slots[i].pending;
-        let taken = self.prepare(i, checker, bytes, true)?;
-        Ok(taken.map(|slot| {
+        let mut taken = self.prepare(i, checker, bytes, true)?;
+        if let Some(slot) = taken.as_deref_mut() {
             slot.pending = was_pending;
-            slot
-        }))
+        }
+        Ok(taken)
     }
 
     /// Slot `i` handed out now, with a buffer of at least `bytes` (`zeroed`: a buffer allocated
