@@ -2280,6 +2280,11 @@ mod tests {
         rt.events_done.store(true, Ordering::SeqCst);
         assert_eq!(take(4096), Some(true));
         assert!(rt.take_log().is_empty());
+        // A slot whose first allocation failed (more than the pool) gets a buffer on its turn.
+        let mut one = EagerSnapshots::default();
+        assert!(one.take_in_turn(rt.as_ref(), &backend.checker, 1 << 40, 1, st).is_err());
+        let slot = one.take_in_turn(rt.as_ref(), &backend.checker, 4096, 1, st).unwrap().expect("its turn");
+        assert!(slot.buffer.as_ref().is_some_and(|b| b.bytes >= 4096));
     }
 
     #[test]
