@@ -2251,7 +2251,7 @@ mod tests {
     }
 
     #[test]
-    fn a_split_buffer_taken_in_turn_stays_guarded_until_its_new_finishing_is_recorded() {
+    fn split_buffers_taken_in_turn_wait_for_their_last_finishing_and_are_never_grown() {
         // Two slots, both with a finishing still queued (no event done). Taking the oldest makes
         // the stream wait for its finishing; a taker that then enqueues nothing (a fallback to
         // the fused check) leaves it pending, so its next taker waits for that finishing too.
