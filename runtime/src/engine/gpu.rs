@@ -469,16 +469,13 @@ struct EagerSnapshot {
 
 impl EagerSnapshots {
     /// A free snapshot of at least `bytes`: a used one whose check has finished, else a new one
-    /// while there are fewer than `most`; None when all are still in use. Errors:
+    /// while there are fewer than `EAGER_SNAPSHOTS`; None when all are still in use. Errors:
     /// the pool cannot hold the buffer, or an event cannot be created.
-    /// `zeroed`: a buffer allocated here is zeroed (split buffers, whose kernels leave them zero).
     fn take(
         &mut self,
         runtime: &dyn GpuRuntime,
         checker: &GpuChecker,
         bytes: u64,
-        zeroed: bool,
-        most: usize,
     ) -> Result<Option<&mut EagerSnapshot>, crate::device::DeviceError> {
         let free = self
             .slots
@@ -486,10 +483,10 @@ impl EagerSnapshots {
             .position(|s| !s.lost && (!s.pending || runtime.event_done(s.done).unwrap_or(false)));
         let i = match free {
             Some(i) => i,
-            None if self.slots.len() < most => self.push_slot(runtime)?,
+            None if self.slots.len() < EAGER_SNAPSHOTS => self.push_slot(runtime)?,
             None => return Ok(None),
         };
-        self.prepare(i, checker, bytes, zeroed)
+        self.prepare(i, checker, bytes, false)
     }
 
     /// A new slot, without a buffer yet; its index.
@@ -551,7 +548,7 @@ impl EagerSnapshots {
     }
 
     /// Slot `i` handed out now, with a buffer of at least `bytes` (`zeroed`: a buffer allocated
-    /// here is zeroed).
+    /// here is zeroed, as split buffers must be: their kernels leave them zero).
     fn prepare(
         &mut self,
         i: usize,
@@ -1055,6 +1052,22 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// The scratch of eager checks off the caller's stream (detached, or split) of one shape,
+    /// shared by its sites: made on first use. Only the side stream uses it.
+    fn shared_eager_scratch(
+        &self,
+        shape: ShapeKey,
+    ) -> Result<Arc<SketchScratch>, crate::device::DeviceError> {
+        let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(scratch) = shared.get(&shape) {
+            return Ok(scratch.clone());
+        }
+        let (count, k, n, probes) = shape;
+        let scratch = Arc::new(self.checker.sketch_scratch(count, k, n, probes, false)?);
+        shared.insert(shape, scratch.clone());
+        Ok(scratch)
+    }
+
     /// An eager check split in two (qs_abi.h QsSplitHeader): the projections on the caller's
     /// stream, the finishing on the side stream behind an event, into the shape's scratch that
     /// only the side stream uses. `OnStream` (the fused check on the caller's stream, nothing
@@ -1073,7 +1086,7 @@ impl GpuBackend {
         site: &mut SiteGpu,
         stream: Stream,
     ) -> Detach {
-        // Off costs every eager check one relaxed load here; `auto` (the default) a product.
+        // A relaxed load and a product per eager check.
         let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch.max(1) as f64;
         if !self.checker.split_sketch().splits(flops) || sample.count < EAGER_DETACH_MIN_ROWS {
             return Detach::OnStream;
@@ -1083,18 +1096,8 @@ impl GpuBackend {
         if !self.checker.sketch_takes_lean(g, weight, sample.count, false) {
             return Detach::OnStream;
         }
-        let shape: ShapeKey = (sample.count, g.k, g.n, req.sketch.probes);
-        let scratch = {
-            let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            match shared.entry(shape) {
-                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    match self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false) {
-                        Ok(scratch) => e.insert(Arc::new(scratch)).clone(),
-                        Err(_) => return Detach::OnStream,
-                    }
-                }
-            }
+        let Ok(scratch) = self.shared_eager_scratch((sample.count, g.k, g.n, req.sketch.probes)) else {
+            return Detach::OnStream;
         };
         // Every buffer of the size the largest sample needs: one taken in turn is never grown.
         let largest = abi::SplitLayout::new(req.sketch.rows_per_call.max(sample.count), weight.kp);
@@ -1230,13 +1233,7 @@ impl GpuBackend {
                     return Detach::OnStream; // set up while eager checks stayed on their stream
                 };
                 let mut snapshots = self.eager_snapshots.lock().unwrap_or_else(|e| e.into_inner());
-                let snap = match snapshots.take(
-                    self.runtime.as_ref(),
-                    &self.checker,
-                    st.layout.bytes,
-                    false,
-                    EAGER_SNAPSHOTS,
-                ) {
+                let snap = match snapshots.take(self.runtime.as_ref(), &self.checker, st.layout.bytes) {
                     Ok(Some(snap)) => snap,
                     Ok(None) => {
                         return Detach::Skip(Skip::new("sketch: earlier detached checks are still running"));
@@ -1458,11 +1455,7 @@ impl GpuBackend {
         let scratch = || self.checker.sketch_scratch(count, g.k, g.n, probes, false).map_err(fail);
         // Only where eager checks are detached (`SketchDetach::On`).
         let eager_scratch = if self.sketch_detach.detaches_eager() {
-            let mut shared = self.eager_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            Some(match shared.entry(shape) {
-                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
-                std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::new(scratch()?)).clone(),
-            })
+            Some(self.shared_eager_scratch(shape).map_err(fail)?)
         } else {
             None
         };
