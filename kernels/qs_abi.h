@@ -51,6 +51,9 @@
 #define QS_ROWS_ALL 0u  /* t -> t, for t < count (count <= total_rows) */
 #define QS_ROWS_LIST 1u /* t -> list[t] */
 #define QS_ROWS_PERM 2u /* t -> perm((epoch * stride + t) mod total_rows) */
+/* t -> perm((stride + t) mod total_rows): PERM's window of an epoch the host counted, whose start
+   epoch * stride mod total_rows the host puts in `stride` (total_rows < 2^32, count <= total_rows) */
+#define QS_ROWS_WINDOW 3u
 
 // Kind of check recorded in a result slot (record CheckMode, plus the logits variant).
 #define QS_CHECK_SKETCH 1u

@@ -139,6 +139,7 @@ QS_DEVICE bool qs_rows_at(const QsRowSel& r, qs_u64 epoch, qs_u64 t, qs_u64* row
     switch (r.mode) {
         case QS_ROWS_LIST: v = ((const qs_u64*)r.list_ptr)[t]; break;
         case QS_ROWS_PERM: v = qs_perm_row(r.perm_a, r.perm_b, r.total_rows, r.stride, epoch, t); break;
+        case QS_ROWS_WINDOW: v = qs_window_row(r.perm_a, r.perm_b, r.total_rows, r.stride, t); break;
         default: v = t; break;
     }
     if (v >= r.total_rows) {

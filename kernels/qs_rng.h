@@ -78,3 +78,24 @@ QS_DEVICE qs_u64 qs_perm_row(qs_u64 a, qs_u64 b, qs_u64 total, qs_u64 stride, qs
     const qs_u64 bb = mod(b);
     return (r >= total - bb) ? r - (total - bb) : r + bb;
 }
+
+// The same row when the host has computed the window's start, start = (e * S) mod T
+// (QS_ROWS_WINDOW, sketch.rs RowPermutation::window_start): row = (a * ((start + t) mod T) + b)
+// mod T for T < 2^32, a, b, start < T and t < T. About 20 dependent instructions where
+// qs_perm_row's general reductions take ~400: on an H100 those were ~1.2 us of an eager check's
+// path to its first loads (docs/measurements/2026-11-27-h100-row-window.md). Inputs outside the
+// contract give a value >= T, which qs_rows_at flags.
+QS_DEVICE qs_u64 qs_window_row(qs_u64 a, qs_u64 b, qs_u64 total, qs_u64 start, qs_u64 t) {
+    if (total == 0) return 0;
+    qs_u64 x = start + t;
+    if (x >= total) x -= total;
+    const qs_u64 y = a * x;  // < T^2 < 2^64
+    // y / T to within one: the f64 roundings of y, 1 / T and their product err by < 2^-19
+    // on a quotient below 2^32, so the truncated estimate is q - 1, q or q + 1.
+    const qs_u64 q = (qs_u64)((double)y * (1.0 / (double)total));
+    long long r = (long long)(y - q * total);
+    if (r < 0) r += (long long)total;
+    if (r >= (long long)total) r -= (long long)total;
+    const qs_u64 v = (qs_u64)r + b;
+    return v >= total ? v - total : v;
+}

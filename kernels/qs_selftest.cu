@@ -2,7 +2,7 @@
 // encoders, hash3 / probe signs / row permutation and the scale-entry mapping, written out so
 // the host can compare them bit for bit with formats.rs, rng.rs, sketch.rs and problem.rs.
 // No defines. Entries: qs_selftest_decode, qs_selftest_encode, qs_selftest_hash,
-// qs_selftest_scale_entry, qs_selftest_late_copy, qs_selftest_early_probe (one QsSelftestParams by
+// qs_selftest_window, qs_selftest_scale_entry, qs_selftest_late_copy, qs_selftest_early_probe (one QsSelftestParams by
 // value, any grid, any block size).
 #include "qs_device.h"
 
@@ -30,6 +30,27 @@ QS_GLOBAL void qs_selftest_hash(QsSelftestParams P) {
         out[3 * i] = qs_hash3(P.seed, P.stream, in[i]);
         out[3 * i + 1] = qs_probe_negative(P.seed, (qs_u32)P.stream, in[i]);
         out[3 * i + 2] = qs_perm_row(P.perm_a, P.perm_b, P.total, P.stride, P.epoch, in[i]);
+    }
+}
+
+// Rows of eager windows through qs_rows_at (QS_ROWS_WINDOW): start in P.stride, t from in_ptr;
+// ~0 where qs_rows_at refuses the row.
+QS_GLOBAL void qs_selftest_window(QsSelftestParams P) {
+    const qs_u64* in = (const qs_u64*)P.in_ptr;
+    qs_u64* out = (qs_u64*)P.out_ptr;
+    QsRowSel r;
+    r.total_rows = P.total;
+    r.count = P.n;
+    r.stride = P.stride;
+    r.perm_a = P.perm_a;
+    r.perm_b = P.perm_b;
+    r.list_ptr = r.epoch_ptr = 0;
+    r.epoch_value = P.epoch;
+    r.mode = QS_ROWS_WINDOW;
+    r.advance_epoch = 0;
+    QS_FOR_EACH(i, P.n) {
+        qs_u64 row = 0;
+        out[i] = qs_rows_at(r, qs_rows_epoch(r), in[i], &row, 0) ? row : ~0ull;
     }
 }
 

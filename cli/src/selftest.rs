@@ -976,6 +976,54 @@ fn gpu_helpers(checker: &GpuChecker) -> Vec<Outcome> {
         }
         Err(e) => error_outcome("helpers", "hash3, probe signs, row permutation", e),
     });
+    // Eager windows (QS_ROWS_WINDOW, start computed on the host) against the permutation, from
+    // a few rows to the largest count the window takes (quotient estimates near 2^64).
+    let result = (|| -> Result<(usize, usize), DeviceError> {
+        let (mut wrong, mut rows) = (0, 0);
+        for (total, seed, epoch) in [
+            (2u64, 3u64, 1u64),
+            (257, 5, 7),
+            (4097, seed, 3),
+            (1 << 20, 11, 12345),
+            (4_294_967_291, 13, u64::MAX / 3),
+            (u32::MAX as u64, 17, 1 << 40),
+        ] {
+            let sample = sketch::RowSample::new(seed, total, 256.min(total - 1));
+            let sel = QsRowSel::eager(&sample, epoch);
+            if sel.mode != abi::ROWS_WINDOW {
+                return Err(DeviceError::Unsupported(format!(
+                    "{total} rows: mode {} (want a window)",
+                    sel.mode
+                )));
+            }
+            let ts: Vec<u64> = (0..sample.count).collect();
+            let input = checker.upload(&ts.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
+            let output = checker.alloc(ts.len() * 8)?;
+            let params = QsSelftestParams {
+                in_ptr: input.ptr,
+                out_ptr: output.ptr,
+                perm_a: sel.perm_a,
+                perm_b: sel.perm_b,
+                total: sel.total_rows,
+                stride: sel.stride,
+                epoch,
+                ..blank(ts.len() as u64)
+            };
+            launch("qs_selftest_window", &params)?;
+            let got: Vec<u64> =
+                output.read()?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+            wrong += ts.iter().zip(&got).filter(|(&t, &row)| row != sample.row(epoch, t)).count();
+            rows += ts.len();
+        }
+        Ok((wrong, rows))
+    })();
+    out.push(match result {
+        Ok((0, rows)) => {
+            outcome("helpers", "eager row windows", true, format!("{rows} rows identical (6 row counts)"))
+        }
+        Ok((n, rows)) => outcome("helpers", "eager row windows", false, format!("{n} of {rows} rows differ")),
+        Err(e) => error_outcome("helpers", "eager row windows", e),
+    });
     // Scale entries for every storage, against problem.rs.
     for (name, spec, outer, inner, batch) in [
         (

@@ -120,6 +120,15 @@ impl RowPermutation {
         let x = ((epoch as u128 * stride as u128 + t as u128) % self.total as u128) as u64;
         self.apply(x)
     }
+
+    /// Where epoch e's window starts, (e * stride) mod total: the host computes it for the
+    /// device's `qs_window_row(start, t)`, which equals [`Self::sample_row`]`(stride, e, t)`.
+    pub fn window_start(&self, stride: u64, epoch: u64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        ((epoch as u128 * stride as u128) % self.total as u128) as u64
+    }
 }
 
 /// The rows a site's checks cover: all rows when they fit in one call, otherwise `count` rows

@@ -54,6 +54,8 @@ pub const BIAS_COLS: u32 = 1;
 pub const ROWS_ALL: u32 = 0;
 pub const ROWS_LIST: u32 = 1;
 pub const ROWS_PERM: u32 = 2;
+/// [`ROWS_PERM`]'s window of a host-counted epoch, its start in `stride` ([`QsRowSel::eager`]).
+pub const ROWS_WINDOW: u32 = 3;
 
 pub const CHECK_SKETCH: u32 = 1;
 pub const CHECK_ROWS: u32 = 2;
@@ -1165,6 +1167,27 @@ impl QsRowSel {
             advance_epoch: advance as u32,
         }
     }
+
+    /// The rotating sample of an eager call whose epoch the host counts: [`Self::sample`] with
+    /// `epoch`, its window's start computed here ([`ROWS_WINDOW`]) so that the device draws a row
+    /// in a few instructions; with 2^32 rows or more, the device computes it ([`ROWS_PERM`]).
+    pub fn eager(s: &crate::sketch::RowSample, epoch: u64) -> QsRowSel {
+        let sel = QsRowSel::sample(s, 0, epoch, false);
+        if sel.mode != ROWS_PERM || s.total > u32::MAX as u64 {
+            return sel;
+        }
+        QsRowSel { stride: s.perm.window_start(s.count, epoch), mode: ROWS_WINDOW, ..sel }
+    }
+
+    /// The same selection in the next host-counted epoch (`epoch_value`; a window moves on by
+    /// `count` rows).
+    pub fn next_epoch(&mut self) {
+        self.epoch_value = self.epoch_value.wrapping_add(1);
+        if self.mode == ROWS_WINDOW {
+            self.stride =
+                ((self.stride as u128 + self.count as u128) % self.total_rows.max(1) as u128) as u64;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1622,6 +1645,7 @@ impl KernelBuild {
                 e("qs_selftest_decode"),
                 e("qs_selftest_encode"),
                 e("qs_selftest_hash"),
+                e("qs_selftest_window"),
                 e("qs_selftest_scale_entry"),
                 e("qs_selftest_late_copy"),
                 e("qs_selftest_early_probe"),
@@ -1665,6 +1689,70 @@ impl KernelBuild {
 mod tests {
     use super::*;
     use crate::problem::{Bias, Epilogue};
+
+    /// qs_rng.h `qs_window_row`, operation for operation (the f64 quotient estimate and its
+    /// corrections): the GPU selftest runs the kernel itself ("eager row windows").
+    fn window_row_as_device(a: u64, b: u64, total: u64, start: u64, t: u64) -> u64 {
+        if total == 0 {
+            return 0;
+        }
+        let mut x = start.wrapping_add(t);
+        if x >= total {
+            x -= total;
+        }
+        let y = a.wrapping_mul(x);
+        let q = (y as f64 * (1.0 / total as f64)) as u64;
+        let mut r = y.wrapping_sub(q.wrapping_mul(total)) as i64;
+        if r < 0 {
+            r += total as i64;
+        }
+        if r >= total as i64 {
+            r -= total as i64;
+        }
+        let v = r as u64 + b;
+        if v >= total {
+            v - total
+        } else {
+            v
+        }
+    }
+
+    #[test]
+    fn eager_windows_draw_the_permutations_rows_with_the_start_computed_on_the_host() {
+        use crate::sketch::RowSample;
+        let mut rng = crate::rng::SplitMix64::new(5);
+        let totals =
+            [2u64, 3, 255, 257, 4097, 65_537, 1 << 31, 3_000_000_019, 4_294_967_291, u32::MAX as u64];
+        for &total in &totals {
+            for seed in [1u64, 7, 0xdead_beef] {
+                let sample = RowSample::new(seed, total, 256.min(total - 1));
+                for epoch in [0u64, 1, 5, 1 << 20, u64::MAX / 3, rng.next_u64()] {
+                    let mut sel = QsRowSel::eager(&sample, epoch);
+                    assert_eq!((sel.mode, sel.epoch_value, sel.count), (ROWS_WINDOW, epoch, sample.count));
+                    for t in 0..sample.count {
+                        let row = window_row_as_device(sel.perm_a, sel.perm_b, sel.total_rows, sel.stride, t);
+                        assert_eq!(
+                            row,
+                            sample.row(epoch, t),
+                            "{total} rows, seed {seed}, epoch {epoch}, t {t}"
+                        );
+                    }
+                    // The next epoch's window, moved on here as the bench moves a copy on.
+                    sel.next_epoch();
+                    assert_eq!(
+                        sel,
+                        QsRowSel::eager(&sample, epoch.wrapping_add(1)),
+                        "{total} rows, epoch {epoch}"
+                    );
+                }
+            }
+        }
+        // Every row in one call: no window. 2^32 rows or more: the device computes the start.
+        assert_eq!(QsRowSel::eager(&RowSample::new(1, 100, 256), 3).mode, ROWS_ALL);
+        let huge = RowSample::new(1, 1 << 33, 256);
+        let sel = QsRowSel::eager(&huge, 3);
+        assert_eq!((sel.mode, sel.epoch_value, sel.stride), (ROWS_PERM, 3, 256));
+    }
 
     /// A general-kernel check for `plan_shared_splits`: one split at least, a block a slot.
     fn general_demand(groups: u64, max_splits: u32, bytes_per_group: u64) -> SplitDemand {

@@ -474,7 +474,7 @@ impl SnapCopy {
     pub fn advance_epoch(&mut self) {
         match self {
             SnapCopy::EveryRow(c) => c.params.epoch += 1,
-            SnapCopy::Rows(c) => c.params.rows.epoch_value += 1,
+            SnapCopy::Rows(c) => c.params.rows.next_epoch(),
         }
     }
 }

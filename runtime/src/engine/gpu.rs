@@ -1246,7 +1246,7 @@ impl GpuBackend {
                     }
                 };
                 let buffer = snap.buffer.as_ref().expect("taken with a buffer").ptr;
-                let rows = QsRowSel { epoch_value: st.eager_epoch, ..rows };
+                let rows = QsRowSel::eager(sample, st.eager_epoch);
                 let check = match copy_on_stream(rows, buffer, 0, eager_scratch) {
                     Ok(check) => check,
                     Err(skip) => return skip,
@@ -1879,7 +1879,7 @@ impl GpuBackend {
 fn eager_rows(sample: &crate::sketch::RowSample, next: &mut u64) -> QsRowSel {
     let epoch = *next;
     *next += !sample.is_all() as u64;
-    QsRowSel::sample(sample, 0, epoch, false)
+    QsRowSel::eager(sample, epoch)
 }
 
 /// The bytes a call writes, for a pending copy deciding whether it may run beside the call:
@@ -2218,8 +2218,12 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for _ in 0..4 {
             let rows = eager_rows(&prefill, &mut next);
-            assert_eq!((rows.epoch_ptr, rows.advance_epoch, rows.mode), (0, 0, abi::ROWS_PERM));
-            seen.extend(prefill.rows(rows.epoch_value));
+            assert_eq!((rows.epoch_ptr, rows.advance_epoch, rows.mode), (0, 0, abi::ROWS_WINDOW));
+            // The device's rows: the window at `stride`, which is the epoch's.
+            let window: Vec<u64> =
+                (0..rows.count).map(|t| prefill.perm.apply((rows.stride + t) % rows.total_rows)).collect();
+            assert_eq!(window, prefill.rows(rows.epoch_value));
+            seen.extend(window);
             // The request's other 127 tokens at the same site: every row, no epoch used up
             // (counted, the prefills' epochs would be 128 apart: the same window each time).
             for _ in 0..127 {
