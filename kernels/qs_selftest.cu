@@ -2,8 +2,8 @@
 // encoders, hash3 / probe signs / row permutation and the scale-entry mapping, written out so
 // the host can compare them bit for bit with formats.rs, rng.rs, sketch.rs and problem.rs.
 // No defines. Entries: qs_selftest_decode, qs_selftest_encode, qs_selftest_hash,
-// qs_selftest_window, qs_selftest_scale_entry, qs_selftest_late_copy, qs_selftest_early_probe (one QsSelftestParams by
-// value, any grid, any block size).
+// qs_selftest_window, qs_selftest_scale_entry, qs_selftest_late_copy, qs_selftest_early_probe
+// (one QsSelftestParams by value, any grid, any block size).
 #include "qs_device.h"
 
 #define QS_FOR_EACH(i, n) for (qs_u64 i = (qs_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (qs_u64)gridDim.x * blockDim.x)
