@@ -1549,6 +1549,13 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
     ((QS_A_FMT == QS_FMT_BF16 || QS_A_FMT == QS_FMT_E4M3FN) && \
      (QS_D_FMT == QS_FMT_BF16 || QS_D_FMT == QS_FMT_F16))
 
+// Units per warp and iteration for e4m3 A: 3 covers a 1792-element slice (14336 / 8) in 2.3
+// iterations instead of 3.5, but leaves 2 of 8 warps idle at 512 (4096 / 8), where 2 is even.
+// Experiment builds may set it (QUANTSHADOW_KERNEL_DEFINES=QS_LEAN_UNITS_E4M3=2).
+#ifndef QS_LEAN_UNITS_E4M3
+#define QS_LEAN_UNITS_E4M3 3
+#endif
+
 #if QS_LEAN_FORMATS
 #if QS_HAVE_CLUSTER && QS_HAVE_MMA && QS_HAVE_FP8_CVT
 // A sampled row of the group: byte addresses of its A and D rows (0: the row is not checked).
@@ -1635,7 +1642,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // unbiased reference noise of ~1.3e-6 NMSE against the fp8 class bound of 2e-3, for half
     // the W_R bytes and A-side mma's (and registers for 3 units per iteration instead of 2).
     constexpr int PASSES = QS_A_FMT == QS_FMT_E4M3FN ? 1 : 2;
-    constexpr int UA = PASSES == 1 ? 3 : 2, UD = UA;  // 32-element units per warp and iteration
+    constexpr int UA = PASSES == 1 ? QS_LEAN_UNITS_E4M3 : 2, UD = UA;  // 32-element units per warp and iteration
     constexpr int AB = QsFmt<QS_A_FMT>::BITS / 8;
     constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;  // rows each block of the cluster finishes
     constexpr int ACC = 2 * MT * NT * 4;
