@@ -139,7 +139,9 @@ struct QsGemmDesc {
 // epoch is *epoch_ptr (a per-site u64 counter in device memory) or epoch_value when
 // epoch_ptr is 0. The launch with advance_epoch = 1 increments *epoch_ptr once, in its last
 // block, after every block has read it: so graph replays advance it and every kernel of one
-// check sees the same epoch.
+// check sees the same epoch. WINDOW (eager calls, whose epochs the host counts): the same rows
+// of epoch epoch_value, with x = (stride + t) mod total_rows, the host having put the window's
+// start epoch * stride mod total_rows in `stride`.
 struct QsRowSel {
     qs_u64 total_rows;
     qs_u64 count; // rows covered by this launch, t in [0, count)
@@ -358,7 +360,7 @@ struct QsSnapRegion {
 // calls its 32-bit sizes cannot describe take the counted copy.
 struct QsSnapParams {
     QsGemmDesc g;
-    QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value) or ALL
+    QsRowSel rows;     // PERM (epoch from epoch_counter_ptr, else rows.epoch_value), WINDOW or ALL
     qs_u64 out_ptr;    // snapshot buffer
     QsSnapRegion a, a_scale, c, d;
     qs_u64 bias_off;   // row bias entries (bias format), count of them

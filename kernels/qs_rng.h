@@ -83,10 +83,10 @@ QS_DEVICE qs_u64 qs_perm_row(qs_u64 a, qs_u64 b, qs_u64 total, qs_u64 stride, qs
 // (QS_ROWS_WINDOW, sketch.rs RowPermutation::window_start): row = (a * ((start + t) mod T) + b)
 // mod T for T < 2^32, a, b, start < T and t < T. About 20 dependent instructions where
 // qs_perm_row's general reductions take ~400: on an H100 those were ~1.2 us of an eager check's
-// path to its first loads (docs/measurements/2026-11-27-h100-row-window.md). Inputs outside the
-// contract give a value >= T, which qs_rows_at flags.
+// path to its first loads (docs/measurements/2026-11-27-h100-row-window.md). Inputs outside
+// that contract (a corrupt descriptor) return T, which qs_rows_at flags.
 QS_DEVICE qs_u64 qs_window_row(qs_u64 a, qs_u64 b, qs_u64 total, qs_u64 start, qs_u64 t) {
-    if (total == 0) return 0;
+    if (total > 0xFFFFFFFFull || a >= total || b >= total || start >= total || t >= total) return total;
     qs_u64 x = start + t;
     if (x >= total) x -= total;
     const qs_u64 y = a * x;  // < T^2 < 2^64

@@ -1555,6 +1555,7 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
 #ifndef QS_LEAN_UNITS_E4M3
 #define QS_LEAN_UNITS_E4M3 3
 #endif
+static_assert(QS_LEAN_UNITS_E4M3 >= 1 && QS_LEAN_UNITS_E4M3 <= 3, "1 to 3 units per warp and iteration");
 
 #if QS_LEAN_FORMATS
 #if QS_HAVE_CLUSTER && QS_HAVE_MMA && QS_HAVE_FP8_CVT

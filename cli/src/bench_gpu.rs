@@ -206,12 +206,12 @@ pub fn run(
                     // Resolved once, as the shim's per-call path does: each call is one launch.
                     // As the shim's eager calls, the host counts the row epoch: each call takes
                     // the next rows (not the same, L2-resident ones) and loads no counter first.
-                    let rows = QsRowSel::sample(&sample, 0, 0, false);
+                    let rows = QsRowSel::eager(&sample, 0);
                     let mut prepared = checker
                         .prepare_sketch_check(&g, rows, &weight, &scratch, a, d, (1, 0), false)
                         .map_err(|e| e.to_string())?;
                     let ms = time_ms(rt.as_ref(), 50, 5, || {
-                        prepared.params.rows.epoch_value += 1;
+                        prepared.params.rows.next_epoch();
                         checker.launch_prepared(&prepared, Stream::default())
                     })
                     .map_err(|e| e.to_string())?;
@@ -236,7 +236,7 @@ pub fn run(
                         checker.set_lean_sketch(true);
                         let mut general = general.map_err(|e| e.to_string())?;
                         let ms = time_ms(rt.as_ref(), 50, 5, || {
-                            general.params.rows.epoch_value += 1;
+                            general.params.rows.next_epoch();
                             checker.launch_prepared(&general, Stream::default())
                         })
                         .map_err(|e| e.to_string())?;
@@ -269,7 +269,7 @@ pub fn run(
                             )
                             .map_err(|e| e.to_string())?;
                         let proj_ms = time_ms(rt.as_ref(), 50, 5, || {
-                            project.params.rows.epoch_value += 1;
+                            project.params.rows.next_epoch();
                             checker.launch_prepared(&project, Stream::default())
                         })
                         .map_err(|e| e.to_string())?;
@@ -297,7 +297,7 @@ pub fn run(
                                     .prepare_detached(
                                         &g,
                                         &layout,
-                                        QsRowSel::sample(&sample, 0, 0, false),
+                                        QsRowSel::eager(&sample, 0),
                                         snap.ptr,
                                         0,
                                         &weight,

@@ -977,7 +977,7 @@ fn gpu_helpers(checker: &GpuChecker) -> Vec<Outcome> {
         Err(e) => error_outcome("helpers", "hash3, probe signs, row permutation", e),
     });
     // Eager windows (QS_ROWS_WINDOW, start computed on the host) against the permutation, from
-    // a few rows to the largest count the window takes (quotient estimates near 2^64).
+    // a few rows to the largest count the window takes (products a x near 2^64).
     let result = (|| -> Result<(usize, usize), DeviceError> {
         let (mut wrong, mut rows) = (0, 0);
         for (total, seed, epoch) in [
@@ -1015,12 +1015,34 @@ fn gpu_helpers(checker: &GpuChecker) -> Vec<Outcome> {
             wrong += ts.iter().zip(&got).filter(|(&t, &row)| row != sample.row(epoch, t)).count();
             rows += ts.len();
         }
+        // A corrupt window (its start past the rows) is refused row by row, never misread.
+        let ts: Vec<u64> = (0..64).collect();
+        let input = checker.upload(&ts.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
+        let output = checker.alloc(ts.len() * 8)?;
+        let sample = sketch::RowSample::new(5, 257, 64);
+        let params = QsSelftestParams {
+            in_ptr: input.ptr,
+            out_ptr: output.ptr,
+            perm_a: sample.perm.a,
+            perm_b: sample.perm.b,
+            total: 257,
+            stride: 257,
+            ..blank(ts.len() as u64)
+        };
+        launch("qs_selftest_window", &params)?;
+        let got: Vec<u64> =
+            output.read()?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        wrong += got.iter().filter(|&&row| row != u64::MAX).count();
+        rows += ts.len();
         Ok((wrong, rows))
     })();
     out.push(match result {
-        Ok((0, rows)) => {
-            outcome("helpers", "eager row windows", true, format!("{rows} rows identical (6 row counts)"))
-        }
+        Ok((0, rows)) => outcome(
+            "helpers",
+            "eager row windows",
+            true,
+            format!("{rows} rows identical (6 row counts; a corrupt window's 64 refused)"),
+        ),
         Ok((n, rows)) => outcome("helpers", "eager row windows", false, format!("{n} of {rows} rows differ")),
         Err(e) => error_outcome("helpers", "eager row windows", e),
     });
@@ -1565,7 +1587,7 @@ fn gpu_sketch_scenario(checker: &GpuChecker, s: &SketchScenario, lean: bool) -> 
             // The general kernel draws its rows by the device's count (as captured checks do),
             // the lean one by the host's (as eager checks on the stream do): both 0, 1, 2...
             let rows = if lean {
-                QsRowSel::sample(&sample, 0, e, false)
+                QsRowSel::eager(&sample, e)
             } else {
                 QsRowSel::sample(&sample, epoch_buf.ptr, 0, true)
             };
@@ -1951,7 +1973,7 @@ fn split_case(checker: &GpuChecker, c: &SplitCase) -> Result<(bool, String), Str
     let mut problems = Vec::new();
     let mut nan_seen = 0;
     for e in 0..epochs {
-        let rows = QsRowSel::sample(&sample, 0, e, false);
+        let rows = QsRowSel::eager(&sample, e);
         checker.sketch_check(&g, rows, &weight, &in_place, fa, fd, (1, e), st).map_err(|e| es(&e))?;
         let (project, finish) = checker
             .prepare_split_check(entries, &g, rows, &weight, &split, buffer.ptr, (2, e))
@@ -2101,7 +2123,7 @@ fn detached_case(
         let (rows, counter) = if device_epoch {
             (QsRowSel::sample(&sample, 0, 0, false), counters.ptr)
         } else {
-            (QsRowSel::sample(&sample, 0, e, false), 0)
+            (QsRowSel::eager(&sample, e), 0)
         };
         let (copy, check) = checker
             .prepare_detached(&g, &layout, rows, snap.ptr, counter, &weight, &detached, (2, e), false)
@@ -2328,7 +2350,7 @@ fn early_case_rows(
         let writer = (honest_buf.ptr, d_buf.ptr, honest.len() as u64 / 4);
         // Prepared first: nothing on the host between the writer's launch and the work's.
         let early = if copy {
-            let rows = QsRowSel::sample(&sample, 0, call, false);
+            let rows = QsRowSel::eager(&sample, call);
             let (c, check) = checker
                 .prepare_detached(&g, &layout, rows, snap.ptr, 0, &weight, &scratch, (tag, call), false)
                 .map_err(|e| es(&e))?;
@@ -2339,7 +2361,7 @@ fn early_case_rows(
             })?
         } else {
             // As the shim's eager checks on the stream: the epoch counted on the host.
-            let rows = QsRowSel::sample(&sample, 0, call, false);
+            let rows = QsRowSel::eager(&sample, call);
             let check = checker
                 .prepare_sketch_check(&g, rows, &weight, &scratch, f, f, (tag, call), false)
                 .map_err(|e| es(&e))?;

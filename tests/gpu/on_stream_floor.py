@@ -6,7 +6,10 @@ of A and D before the caller's next kernel may overwrite them.
 
 OP bf16 (F.linear) or fp8 (torch._scaled_mm tensor-wise, bf16 out), as in ab_pause.py. Each
 trial times `passes` back-to-back calls with CUDA events; the variants alternate within a trial
-round, and each ratio is the median over trials of (variant / GEMM alone) in that round:
+round (in an order rotated each round), and each ratio is the median over trials of
+(variant / GEMM alone) in that round. Nothing pre-fills the queue: the figures are the GPU's
+only while the GEMM outlasts the host's launches (the 4096-row GEMMs measured so far); the
+projection needs rows a multiple of 16, and K / 8 and N / 8 multiples of 64. Variants:
   empty       GEMM, then an empty Triton kernel (one launch: the node floor)
   index_sel   GEMM, then torch.index_select of the sampled rows of A and of D (two kernels)
   gather      GEMM, then one Triton kernel copying the sampled rows of A and D (3 MB at 4096^2)
@@ -16,6 +19,7 @@ round, and each ratio is the median over trials of (variant / GEMM alone) in tha
 """
 import argparse
 import statistics
+import sys
 
 import torch
 import triton
@@ -87,6 +91,9 @@ def main():
         def gemm():
             return torch.nn.functional.linear(x, w)
     rows = min(a.rows, m)
+    splits, chunk = 8, 64
+    if rows % 16 or (k // splits) % chunk or (n // splits) % chunk or k % splits or n % splits:
+        sys.exit(f"on_stream_floor: {rows} rows, K {k}, N {n}: rows must be a multiple of 16 and K / 8, N / 8 of {chunk}")
     idx = torch.randperm(m, device="cuda")[:rows].sort().values.to(torch.int32)
     a_bytes, d_bytes = k * xa.element_size(), n * 2
     a_words, d_words = a_bytes // 4, d_bytes // 4
@@ -95,7 +102,6 @@ def main():
     probes = 16
     wr = torch.randn(k, probes, device="cuda", dtype=torch.bfloat16)
     rr = torch.randn(n, probes, device="cuda", dtype=torch.bfloat16)
-    splits = 8
     part = torch.empty((rows // 16) * splits * 2 * 16 * probes, device="cuda", dtype=torch.float32)
     xa_words = xa.view(torch.uint8).view(torch.int32) if op == "fp8" else xa.view(torch.int32)
     xa_bytes = xa.view(torch.uint8) if op == "fp8" else xa
@@ -109,7 +115,7 @@ def main():
                                                               A_WORDS=a_words, D_WORDS=d_words))(gemm()),
         "project": lambda: (lambda out: project_kernel[(rows // 16, splits)](
             xa, out, idx, wr, rr, part, K=k, N=n, KS=k // splits, NS=n // splits,
-            P=probes, CH=64))(gemm()),
+            P=probes, CH=chunk))(gemm()),
     }
     # Correctness of the plain kernels (a floor for a wrong kernel means nothing).
     out = gemm()
@@ -117,9 +123,11 @@ def main():
     assert torch.equal(a_out.view(torch.uint8).view(rows, a_bytes), xa.view(torch.uint8)[idx.long()].reshape(rows, a_bytes))
     assert torch.equal(d_out.view(torch.bfloat16).view(rows, n), out[idx.long()])
     project_kernel[(rows // 16, splits)](xa, out, idx, wr, rr, part, K=k, N=n, KS=k // splits, NS=n // splits, P=probes,
-                                         CH=64)
+                                         CH=chunk)
     got = part.view(rows // 16, splits, 2, 16, probes).sum(1)
-    want_a = xa[idx.long()].to(torch.float32) @ wr.float()
+    # Rows gathered as bytes: fp8 indexing is not in every PyTorch build.
+    a_rows = xa.view(torch.uint8)[idx.long()].view(xa.dtype) if op == "fp8" else xa[idx.long()]
+    want_a = a_rows.to(torch.float32) @ wr.float()
     want_d = out[idx.long()].float() @ rr.float()
     for name, g_, w_ in (("A W_R", got[:, 0].reshape(rows, probes), want_a), ("D R", got[:, 1].reshape(rows, probes), want_d)):
         rel = ((g_ - w_).norm() / w_.norm()).item()
@@ -140,9 +148,11 @@ def main():
         for _ in range(3):
             trial(run)
     times = {name: [] for name in variants}
-    for _ in range(a.trials):
-        for name, run in variants.items():
-            times[name].append(trial(run))
+    names = list(variants)
+    for r in range(a.trials):
+        # Rotated each round: a drift within a round does not favour the same variant each time.
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(trial(variants[name]))
     base = statistics.median(times["gemm"])
     print(f"== {op} {m}x{n}x{k}, {rows} sampled rows ({rows * (a_bytes + d_bytes) / 1e6:.2f} MB of A and D rows), "
           f"{a.trials} trials x {a.passes} calls; GEMM alone {base:.2f} us per call")

@@ -1693,8 +1693,8 @@ mod tests {
     /// qs_rng.h `qs_window_row`, operation for operation (the f64 quotient estimate and its
     /// corrections): the GPU selftest runs the kernel itself ("eager row windows").
     fn window_row_as_device(a: u64, b: u64, total: u64, start: u64, t: u64) -> u64 {
-        if total == 0 {
-            return 0;
+        if total > u32::MAX as u64 || a >= total || b >= total || start >= total || t >= total {
+            return total;
         }
         let mut x = start.wrapping_add(t);
         if x >= total {
@@ -1746,6 +1746,18 @@ mod tests {
                     );
                 }
             }
+        }
+        // A corrupt window (start, a, b or t out of range, 2^32 rows or more) gives total_rows,
+        // which qs_rows_at flags as out of bounds.
+        for (a, b, total, start, t) in [
+            (1, 15, 10, 0, 0),
+            (11, 0, 10, 0, 0),
+            (1, 0, 10, 10, 0),
+            (1, 0, 10, 0, 10),
+            (1, 0, 0, 0, 0),
+            (1, 0, 1 << 32, 0, 0),
+        ] {
+            assert_eq!(window_row_as_device(a, b, total, start, t), total, "{a} {b} {total} {start} {t}");
         }
         // Every row in one call: no window. 2^32 rows or more: the device computes the start.
         assert_eq!(QsRowSel::eager(&RowSample::new(1, 100, 256), 3).mode, ROWS_ALL);
