@@ -11,6 +11,12 @@ t0=$SECONDS
 step() { echo "== $1 (t=$((SECONDS - t0))s)"; }
 md5sum .gpu/*/* | cut -c1-12,34-
 nvidia-smi --query-gpu=name --format=csv,noheader
+step "selftest of the build (session 25's review fixes: a corrupt window refused, the selftests and bench of eager calls on windows; not run on a GPU in session 25)"
+timeout 300 quantshadow selftest --quick --only helpers,sketch,detached,early > $OUT/selftest.txt 2>&1
+echo "rc $?"; grep -E "passed|failed|\| fail|row windows" $OUT/selftest.txt | head
+step "bench sketch (eager windows now)"
+timeout 200 quantshadow bench gpu --only sketch --m 4096 > $OUT/bench.txt 2>&1
+grep -E "^\| sketch \|" $OUT/bench.txt | cut -c1-220
 step "selftest with 2 units"
 QUANTSHADOW_KERNEL_DEFINES=QS_LEAN_UNITS_E4M3=2 timeout 250 quantshadow selftest --quick --only sketch,detached > $OUT/selftest_u2.txt 2>&1
 echo "rc $?"; grep -E "passed|failed|\| fail" $OUT/selftest_u2.txt | head
