@@ -978,6 +978,24 @@ fn gpu_helpers(checker: &GpuChecker) -> Vec<Outcome> {
     });
     // Eager windows (QS_ROWS_WINDOW, start computed on the host) against the permutation, from
     // a few rows to the largest count the window takes (products a x near 2^64).
+    // The device's rows of positions 0..count of a window selection, ~0 where refused.
+    let window_rows = |sel: &QsRowSel| -> Result<Vec<u64>, DeviceError> {
+        let ts: Vec<u64> = (0..sel.count).collect();
+        let input = checker.upload(&ts.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
+        let output = checker.alloc(ts.len() * 8)?;
+        let params = QsSelftestParams {
+            in_ptr: input.ptr,
+            out_ptr: output.ptr,
+            perm_a: sel.perm_a,
+            perm_b: sel.perm_b,
+            total: sel.total_rows,
+            stride: sel.stride,
+            epoch: sel.epoch_value,
+            ..blank(ts.len() as u64)
+        };
+        launch("qs_selftest_window", &params)?;
+        Ok(output.read()?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+    };
     let result = (|| -> Result<(usize, usize), DeviceError> {
         let (mut wrong, mut rows) = (0, 0);
         for (total, seed, epoch) in [
@@ -996,44 +1014,15 @@ fn gpu_helpers(checker: &GpuChecker) -> Vec<Outcome> {
                     sel.mode
                 )));
             }
-            let ts: Vec<u64> = (0..sample.count).collect();
-            let input = checker.upload(&ts.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
-            let output = checker.alloc(ts.len() * 8)?;
-            let params = QsSelftestParams {
-                in_ptr: input.ptr,
-                out_ptr: output.ptr,
-                perm_a: sel.perm_a,
-                perm_b: sel.perm_b,
-                total: sel.total_rows,
-                stride: sel.stride,
-                epoch,
-                ..blank(ts.len() as u64)
-            };
-            launch("qs_selftest_window", &params)?;
-            let got: Vec<u64> =
-                output.read()?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
-            wrong += ts.iter().zip(&got).filter(|(&t, &row)| row != sample.row(epoch, t)).count();
-            rows += ts.len();
+            let got = window_rows(&sel)?;
+            wrong += got.iter().enumerate().filter(|&(t, &row)| row != sample.row(epoch, t as u64)).count();
+            rows += got.len();
         }
         // A corrupt window (its start past the rows) is refused row by row, never misread.
-        let ts: Vec<u64> = (0..64).collect();
-        let input = checker.upload(&ts.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())?;
-        let output = checker.alloc(ts.len() * 8)?;
         let sample = sketch::RowSample::new(5, 257, 64);
-        let params = QsSelftestParams {
-            in_ptr: input.ptr,
-            out_ptr: output.ptr,
-            perm_a: sample.perm.a,
-            perm_b: sample.perm.b,
-            total: 257,
-            stride: 257,
-            ..blank(ts.len() as u64)
-        };
-        launch("qs_selftest_window", &params)?;
-        let got: Vec<u64> =
-            output.read()?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        let got = window_rows(&QsRowSel { stride: 257, ..QsRowSel::eager(&sample, 0) })?;
         wrong += got.iter().filter(|&&row| row != u64::MAX).count();
-        rows += ts.len();
+        rows += got.len();
         Ok((wrong, rows))
     })();
     out.push(match result {

@@ -362,6 +362,14 @@ impl SplitUse {
             _ => SplitUse::Off,
         }
     }
+    /// The setting's value of `QUANTSHADOW_SKETCH_SPLIT`, as recorded.
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitUse::Off => "0",
+            SplitUse::Large => "auto",
+            SplitUse::On => "1",
+        }
+    }
     /// Whether a GEMM of `flops` (2 M N K over its batch) is split under this setting.
     pub fn splits(self, flops: f64) -> bool {
         match self {
@@ -426,12 +434,7 @@ impl KernelChoices {
             LeanUse::Graphs => "graphs",
         };
         let flag = |on: bool| if on { "1" } else { "0" };
-        let split = match self.split {
-            SplitUse::Off => "0",
-            SplitUse::Large => "auto",
-            SplitUse::On => "1",
-        };
-        [("sketch_lean", lean), ("early_start", flag(self.early_start)), ("sketch_split", split)]
+        [("sketch_lean", lean), ("early_start", flag(self.early_start)), ("sketch_split", self.split.name())]
     }
 }
 

@@ -486,6 +486,7 @@ impl EagerSnapshots {
             None if self.slots.len() < EAGER_SNAPSHOTS => self.push_slot(runtime)?,
             None => return Ok(None),
         };
+        self.slots[i].pending = false;
         self.prepare(i, checker, bytes, false)
     }
 
@@ -536,19 +537,15 @@ impl EagerSnapshots {
             }
             i
         };
-        // Still pending until the caller enqueues its own finishing and records `done` again:
-        // if it enqueues nothing after all, the last finishing's `done` keeps guarding the
-        // buffer for whoever takes it next, on whatever stream.
-        let was_pending = self.slots[i].pending;
-        let mut taken = self.prepare(i, checker, bytes, true)?;
-        if let Some(slot) = taken.as_deref_mut() {
-            slot.pending = was_pending;
-        }
-        Ok(taken)
+        // `pending` stays as it was until the caller enqueues its own finishing and records
+        // `done` again: if it enqueues nothing after all, the last finishing's `done` keeps
+        // guarding the buffer for whoever takes it next, on whatever stream.
+        self.prepare(i, checker, bytes, true)
     }
 
     /// Slot `i` handed out now, with a buffer of at least `bytes` (`zeroed`: a buffer allocated
-    /// here is zeroed, as split buffers must be: their kernels leave them zero).
+    /// here is zeroed, as split buffers must be: their kernels leave them zero). `pending` is
+    /// the caller's to set.
     fn prepare(
         &mut self,
         i: usize,
@@ -559,7 +556,6 @@ impl EagerSnapshots {
         self.handed += 1;
         let snap = &mut self.slots[i];
         snap.turn = self.handed;
-        snap.pending = false;
         if snap.buffer.as_ref().is_none_or(|b| (b.bytes as u64) < bytes) {
             snap.buffer = None; // back to the pool first, so growing can reuse its space
             snap.buffer = Some(if zeroed {
@@ -2351,11 +2347,8 @@ mod tests {
         };
         let run = |split, shape, calls, done_after| run_with(split, shape, calls, done_after, None);
         let side = SIDE_STREAM.0;
-        // 8 row groups of 8 splits each: the projections, the finishing and the fused check.
-        let split_call = format!(
-            "launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | record 1 on 7 | {side} waits 1 | launch qs_sketch_fin_bf16_bf16 8x8x1 on {side} | record 2 on {side}"
-        );
         let fused = "launch qs_sketch_lean_bf16_bf16 8x8x1 on 7";
+        // 8 row groups of 8 splits each: the projections, the finishing and the fused check.
         // Buffer b has events copied = 2b + 1 and done = 2b + 2.
         let split_into = |b: usize| {
             format!(
@@ -2368,7 +2361,7 @@ mod tests {
         // No finishing ever seen done: SPLIT_BUFFERS new buffers, then the oldest again, each
         // behind a wait of the caller's stream for its last finishing.
         let calls = run(SplitUse::On, SMALL, SPLIT_BUFFERS as u64 + 2, None);
-        assert_eq!(calls[0], split_call);
+        assert_eq!(calls[0], split_into(0));
         for (b, call) in calls[..SPLIT_BUFFERS].iter().enumerate() {
             assert_eq!(*call, split_into(b));
         }
@@ -2388,7 +2381,7 @@ mod tests {
         // Auto: a GEMM of 2^28 flops keeps the fused check, one of 2^36 (4096 x 4096 x 2048,
         // 256 of its rows sampled: the same 8 groups) is split.
         assert_eq!(run(SplitUse::Large, SMALL, 2, None), [fused, fused]);
-        assert_eq!(run(SplitUse::Large, (4096, 4096, 2048), 1, None), [split_call]);
+        assert_eq!(run(SplitUse::Large, (4096, 4096, 2048), 1, None), [split_into(0)]);
     }
 
     #[test]
