@@ -1549,12 +1549,17 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, QS_SKETCH_MIN_BLOCKS) QS_SKETCH_CHECK
     ((QS_A_FMT == QS_FMT_BF16 || QS_A_FMT == QS_FMT_E4M3FN) && \
      (QS_D_FMT == QS_FMT_BF16 || QS_D_FMT == QS_FMT_F16))
 
-// Units per warp and iteration for e4m3 A: 3 covers a 1792-element slice (14336 / 8) in 2.3
-// iterations instead of 3.5, but leaves 2 of 8 warps idle at 512 (4096 / 8), where 2 is even.
-// Experiment builds may set it (QUANTSHADOW_KERNEL_DEFINES=QS_LEAN_UNITS_E4M3=2).
+// 32-element units per warp and iteration. e4m3 A: 2 (H100, session 26: the split projections
+// 8.8 -> 7.8 us at 4096 x 4096 and 0.4-0.5 us faster at the 14336 shapes than 3, which leaves 2
+// of 8 warps idle at a 512-element slice). 16-bit A (W_R in two passes): 2. Experiment builds
+// may set either (QUANTSHADOW_KERNEL_DEFINES="QS_LEAN_UNITS_E4M3=3 QS_LEAN_UNITS_16=1").
 #ifndef QS_LEAN_UNITS_E4M3
-#define QS_LEAN_UNITS_E4M3 3
+#define QS_LEAN_UNITS_E4M3 2
 #endif
+#ifndef QS_LEAN_UNITS_16
+#define QS_LEAN_UNITS_16 2
+#endif
+static_assert(QS_LEAN_UNITS_16 >= 1 && QS_LEAN_UNITS_16 <= 2, "1 or 2 units per warp and iteration");
 static_assert(QS_LEAN_UNITS_E4M3 >= 1 && QS_LEAN_UNITS_E4M3 <= 3, "1 to 3 units per warp and iteration");
 
 #if QS_LEAN_FORMATS
@@ -1643,7 +1648,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // unbiased reference noise of ~1.3e-6 NMSE against the fp8 class bound of 2e-3, for half
     // the W_R bytes and A-side mma's (and registers for 3 units per iteration instead of 2).
     constexpr int PASSES = QS_A_FMT == QS_FMT_E4M3FN ? 1 : 2;
-    constexpr int UA = PASSES == 1 ? QS_LEAN_UNITS_E4M3 : 2, UD = UA;  // 32-element units per warp and iteration
+    constexpr int UA = PASSES == 1 ? QS_LEAN_UNITS_E4M3 : QS_LEAN_UNITS_16, UD = UA;  // 32-element units per warp and iteration
     constexpr int AB = QsFmt<QS_A_FMT>::BITS / 8;
     constexpr int FIN = QS_LEAN_ROWS / QS_LEAN_SPLITS;  // rows each block of the cluster finishes
     constexpr int ACC = 2 * MT * NT * 4;
@@ -2029,8 +2034,9 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_PROJ(QsSketchParams P) {
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
     if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
-    if (P.split_ptr == 0) return;  // nowhere to write; the finishing reports the bad launch
-    qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true>(P, valid, sm); });
+    if (P.split_ptr != 0)  // else nowhere to write; the finishing reports the bad launch
+        qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true>(P, valid, sm); });
+    qs_wait_prior_grid();  // an early start: every path waits for the GEMM ahead before it ends
 }
 
 // Block (g, s) finishes rows FIN s + w of group g (warp w < FIN) from the splits' sums, as the

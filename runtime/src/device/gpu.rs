@@ -1384,7 +1384,7 @@ impl GpuChecker {
             ..finish
         };
         Ok((
-            PreparedLaunch { function: proj, config, params: project, early_start: false },
+            PreparedLaunch { function: proj, config, params: project, early_start: self.early_start() },
             PreparedLaunch { function: fin, config, params: finish, early_start: false },
         ))
     }
