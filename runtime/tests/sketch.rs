@@ -91,13 +91,15 @@ fn full_rank_errors_within_25_percent_at_k8() {
     println!("k=8 full rank: max rel err nmse {worst_nmse:.3}, 1-cos {worst_cos:.3}, norm ratio {worst_nr:.3} (x sqrt nmse)");
 }
 
-/// Low-rank errors at the default k, all rows sampled (M <= rows per call), compared with the
-/// exact metrics: one wrong per-channel scale column (x1.5), one 128x128 block scale (x2), one
-/// wrong per-token scale row (x1.5). Asserted over 100 seeds: column and block estimates of NMSE
-/// within a factor 2 for every seed; the row (a rank-1 error along a dense row, the worst case:
-/// chi2_k / k) within a factor 2 for at least 97 seeds (theory: 99.1% at k = 32).
+/// Low-rank errors at the default k (16) and at k = 32, all rows sampled (M <= rows per call),
+/// compared with the exact metrics: one wrong per-channel scale column (x1.5), one 128x128 block
+/// scale (x2), one wrong per-token scale row (x1.5). Asserted over 100 seeds: column and block
+/// estimates of NMSE within a factor 2 for every seed; the row (a rank-1 error along a dense row,
+/// the worst case: chi2_k / k) within a factor 2 for at least 90 seeds at k = 16 (theory: 94.0%)
+/// and 97 at k = 32 (theory: 99.1%).
 #[test]
 fn low_rank_errors_within_factor_2_at_default_k() {
+    assert_eq!(DEFAULT_PROBES, 16, "the row bounds below are for k = 16 and 32");
     let case = Case::random(256, 256, 64, 2);
     let g = case.gemm();
     let reference = g.reference();
@@ -115,25 +117,31 @@ fn low_rank_errors_within_factor_2_at_default_k() {
     let mut row = reference.clone();
     row[93 * n..94 * n].iter_mut().for_each(|v| *v *= 1.5);
 
-    for (name, prod, min_ok) in [("column", &column, 100), ("block", &block, 100), ("row", &row, 97)] {
-        let exact = compare_matrix(prod, &reference, m, n);
-        let mut ok = 0;
-        let mut ratios = vec![];
-        for seed in 0..100u64 {
-            let est = sketch_check(&g, prod, &cfg(seed, DEFAULT_PROBES, DEFAULT_ROWS_PER_CALL), 0)
-                .unwrap()
-                .metrics();
-            let ratio = est.nmse / exact.nmse;
-            ratios.push(ratio);
-            ok += (0.5..=2.0).contains(&ratio) as usize;
+    for (probes, row_min_ok) in [(DEFAULT_PROBES, 90), (32, 97)] {
+        for (name, prod, min_ok) in
+            [("column", &column, 100), ("block", &block, 100), ("row", &row, row_min_ok)]
+        {
+            let exact = compare_matrix(prod, &reference, m, n);
+            let mut ok = 0;
+            let mut ratios = vec![];
+            for seed in 0..100u64 {
+                let est =
+                    sketch_check(&g, prod, &cfg(seed, probes, DEFAULT_ROWS_PER_CALL), 0).unwrap().metrics();
+                let ratio = est.nmse / exact.nmse;
+                ratios.push(ratio);
+                ok += (0.5..=2.0).contains(&ratio) as usize;
+            }
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "k={probes} {name}: {ok}/100 within 2x, ratio range {:.3}..{:.3}",
+                ratios[0], ratios[99]
+            );
+            assert!(
+                ok >= min_ok,
+                "k={probes} {name}: only {ok}/100 seeds within a factor 2 (range {:?})",
+                (ratios[0], ratios[99])
+            );
         }
-        ratios.sort_by(f64::total_cmp);
-        println!("{name}: {ok}/100 within 2x, ratio range {:.3}..{:.3}", ratios[0], ratios[99]);
-        assert!(
-            ok >= min_ok,
-            "{name}: only {ok}/100 seeds within a factor 2 (range {:?})",
-            (ratios[0], ratios[99])
-        );
     }
 }
 

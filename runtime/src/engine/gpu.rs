@@ -608,7 +608,7 @@ const CAPTURE_NEW_ROW_COUNT: &str =
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
-/// Split check buffers per device (all sites share them; ~0.5 MB each at 256 rows, k = 32).
+/// Split check buffers per device (all sites share them; ~0.5 MB each at 256 rows, k = 32, the most).
 /// More than snapshots: the finishing runs on the low-priority side stream, behind the GEMMs.
 const SPLIT_BUFFERS: usize = 8;
 
