@@ -3,11 +3,15 @@ what the shim adds on the caller's stream per call, kernel by kernel.
 
     LD_PRELOAD=.../libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all \\
         python3 tests/gpu/eager_profile.py OP:M:N:K [--calls 12]
+    python3 tests/gpu/eager_profile.py --llama SIZE [--prompt 1024] [--calls 2]
 
 OP bf16 (F.linear) or fp8 (torch._scaled_mm tensor-wise, scales 1, bf16 out). Warms up both
 sides, then profiles `calls` calls paused and `calls` checking (PyTorch's profiler, CUPTI) and
 prints, per side, the mean duration of each kernel name per call, the mean gap between
 consecutive kernels, and the mean time from one GEMM kernel's start to the next one's.
+--llama profiles `calls` prefills of torch_llama.py's model instead (ab_pause.py's workload) and
+prints, per side and per prefill: the span from the first GPU operation to the last, the busy
+time and idle time of the caller's stream, and the shim's kernels per stream.
 """
 import argparse
 import collections
@@ -23,14 +27,68 @@ from ab_pause import shim_pause, workload  # noqa: E402
 from graph_profile import gpu_events  # noqa: E402
 
 
+def busy_us(events):
+    """Time covered by at least one of `events` (overlaps counted once)."""
+    total, end = 0.0, None
+    for e in sorted(events, key=lambda e: e["ts"]):
+        s, f = e["ts"], e["ts"] + e["dur"]
+        if end is None or s > end:
+            total += f - s
+            end = f
+        elif f > end:
+            total += f - end
+            end = f
+    return total
+
+
+def llama_profile(a, pause):
+    _, fn = workload(argparse.Namespace(llama=a.llama, gemm=None, prompt=a.prompt))
+    for on in (1, 0, 1, 0):
+        pause(on)
+        fn()
+    torch.cuda.synchronize()
+    for side, on in (("paused", 1), ("checking", 0)):
+        pause(on)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.calls):
+                fn()
+            torch.cuda.synchronize()
+        ev = gpu_events(prof)
+        span = ev[-1]["ts"] + ev[-1]["dur"] - ev[0]["ts"]
+        # The caller's stream: the one with the most non-shim operations.
+        streams = collections.Counter(e.get("tid") for e in ev if not e["name"].startswith("qs_"))
+        main_tid = streams.most_common(1)[0][0]
+        on_main = [e for e in ev if e.get("tid") == main_tid]
+        busy = busy_us(on_main)
+        print(f"== llama {a.llama} prefill {a.prompt} {side}: per prefill span {span / a.calls:.1f} us, caller's stream "
+              f"busy {busy / a.calls:.1f} us, idle {(span - busy) / a.calls:.1f} us, {len(on_main) / a.calls:.0f} operations")
+        prod = [e for e in on_main if not e["name"].startswith("qs_")]
+        print(f"   production kernels {sum(e['dur'] for e in prod) / a.calls:.1f} us per prefill")
+        by = collections.defaultdict(list)
+        for e in ev:
+            if e["name"].startswith("qs_"):
+                by[(e["name"][:48], "caller" if e.get("tid") == main_tid else "side")].append(e["dur"])
+        for (name, where), d in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+            print(f"   {len(d) / a.calls:5.1f}/prefill  {sum(d) / a.calls:8.1f} us  mean {statistics.mean(d):6.2f}  {where:6s} {name}")
+    pause(0)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("gemm")
-    p.add_argument("--calls", type=int, default=12)
+    p.add_argument("gemm", nargs="?")
+    p.add_argument("--calls", type=int, default=None, help="GEMM calls (12) or prefills (2) per side")
+    p.add_argument("--llama", help="profile torch_llama.py's prefill (small, 8b-width) instead of one GEMM")
+    p.add_argument("--prompt", type=int, default=1024)
     a = p.parse_args()
+    if bool(a.llama) == bool(a.gemm):
+        sys.exit("eager_profile: give exactly one of OP:M:N:K and --llama")
     pause = shim_pause()
     if pause is None:
         sys.exit("eager_profile: run under the shim")
+    if a.llama:
+        a.calls = a.calls or 2
+        return llama_profile(a, pause)
+    a.calls = a.calls or 12
     _, fn = workload(argparse.Namespace(llama=None, gemm=a.gemm))  # ab_pause.py's GEMM, same seed
     for on in (1, 0, 1, 0):
         pause(on)

@@ -380,10 +380,14 @@ impl SplitUse {
     }
 }
 
-/// Smallest GEMM (2 M N K) a split check is taken for under `auto`: 2^36, ~70 us of FP8 or
-/// ~100 us of bf16 on an H100. An FP8 4096^3 GEMM (2^37) is above it; Llama-8B's 1024-token
-/// attention projections (2^35) and every GEMM of a 1024-wide model's prefill are below.
-pub const SPLIT_AUTO_MIN_FLOPS: f64 = 68_719_476_736.0;
+/// Smallest GEMM (2 M N K) a split check is taken for under `auto`: 2^35, ~35 us of FP8 or
+/// ~50 us of bf16 on an H100. An FP8 4096^3 GEMM (2^37) and Llama-8B's 1024-token attention
+/// projections q and o (2^35) are at or above it; its k and v projections (2^33) and every GEMM
+/// of a 1024-wide model's prefill are below. Session 26 (H100, 8b-width prefill of 1024 tokens):
+/// every eager check split put 138 us less per prefill on the caller's stream than 2^36 did
+/// (docs/measurements/2026-11-27-h100-probes-and-units.md); 2^35 keeps the fused check where the
+/// host, not the GPU, bounds the caller.
+pub const SPLIT_AUTO_MIN_FLOPS: f64 = 34_359_738_368.0;
 
 use crate::engine::config::on_off;
 

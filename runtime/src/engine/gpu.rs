@@ -2378,10 +2378,12 @@ mod tests {
         assert_eq!(calls[SPLIT_BUFFERS], format!("7 waits 2 | {}", split_into(0)));
         // Off: the fused check every time.
         assert_eq!(run(SplitUse::Off, SMALL, 3, None), [fused, fused, fused]);
-        // Auto: a GEMM of 2^28 flops keeps the fused check, one of 2^36 (4096 x 4096 x 2048,
-        // 256 of its rows sampled: the same 8 groups) is split.
+        // Auto: GEMMs of 2^28 and 2^34 flops keep the fused check, one of 2^35 (4096 x 4096 x
+        // 1024, 256 of its rows sampled: the same 8 groups) is split.
         assert_eq!(run(SplitUse::Large, SMALL, 2, None), [fused, fused]);
-        assert_eq!(run(SplitUse::Large, (4096, 4096, 2048), 1, None), [split_into(0)]);
+        let fused_2_34 = run(SplitUse::Large, (4096, 2048, 1024), 1, None);
+        assert!(fused_2_34[0].starts_with("launch qs_sketch_lean_"), "{fused_2_34:?}");
+        assert_eq!(run(SplitUse::Large, (4096, 4096, 1024), 1, None), [split_into(0)]);
     }
 
     #[test]
