@@ -1646,7 +1646,7 @@ QS_DEVICE void qs_lean_body(const QsSketchParams& P, bool valid, QsLeanSmem& sm)
     // W_R passes: bf16 hi + lo (|error| <= 2^-17 |w|) for 16-bit A, the wide class with an NMSE
     // bound of 2e-5; hi only for e4m3 A (abi.rs lean_sketch_hi_only): |error| <= 2^-9 |w|, an
     // unbiased reference noise of ~1.3e-6 NMSE against the fp8 class bound of 2e-3, for half
-    // the W_R bytes and A-side mma's (and registers for 3 units per iteration instead of 2).
+    // the W_R bytes and A-side mma's.
     constexpr int PASSES = QS_A_FMT == QS_FMT_E4M3FN ? 1 : 2;
     constexpr int UA = PASSES == 1 ? QS_LEAN_UNITS_E4M3 : QS_LEAN_UNITS_16, UD = UA;  // 32-element units per warp and iteration
     constexpr int AB = QsFmt<QS_A_FMT>::BITS / 8;
@@ -2033,10 +2033,12 @@ QS_GLOBAL void __launch_bounds__(QS_BLOCK, 1) QS_SKETCH_PROJ(QsSketchParams P) {
     const bool valid = qs_split_valid(P);
     __shared__ QsLeanSmem sm;
     QS_TM_BLOCK_START();
-    if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
     if (P.split_ptr != 0)  // else nowhere to write; the finishing reports the bad launch
         qs_for_kp(P.kp, P.status_ptr, [&](auto k) { qs_lean_body<decltype(k)::V, true>(P, valid, sm); });
-    qs_wait_prior_grid();  // an early start: every path waits for the GEMM ahead before it ends
+    // Every path waits for the grid ahead before it writes or ends (returns at once for an
+    // ordinary launch, which is how the host launches these today).
+    qs_wait_prior_grid();
+    if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) qs_flag(P.status_ptr, QS_STATUS_BAD_DESCRIPTOR);
 }
 
 // Block (g, s) finishes rows FIN s + w of group g (warp w < FIN) from the splits' sums, as the

@@ -2191,28 +2191,21 @@ fn gpu_early_start(checker: &GpuChecker) -> Vec<Outcome> {
         if checker.set_lean_sketch(lean) != lean {
             continue; // no lean kernel on this device
         }
-        let work = EarlyWork::Check { lean };
+        let name = if lean { "check on the stream [lean kernel]" } else { "check on the stream" };
         out.push(
-            early_case(checker, (ahead, control), work, tag, 32)
-                .unwrap_or_else(|e| error_outcome("early", work.name(false), e)),
+            early_case(checker, (ahead, control), false, lean, tag)
+                .unwrap_or_else(|e| error_outcome("early", name, e)),
         );
-        if lean {
-            // The split check's projections start early; its finishing follows in order.
-            out.push(
-                early_case(checker, (ahead, control), EarlyWork::Split, 0xea05, 32)
-                    .unwrap_or_else(|e| error_outcome("early", EarlyWork::Split.name(false), e)),
-            );
-        }
     }
     checker.set_lean_sketch(lean_was);
     out.push(
-        early_case(checker, (ahead, control), EarlyWork::Copy, 0xea03, 32)
-            .unwrap_or_else(|e| error_outcome("early", EarlyWork::Copy.name(false), e)),
+        early_case(checker, (ahead, control), true, false, 0xea03)
+            .unwrap_or_else(|e| error_outcome("early", "snapshot copy, then its check", e)),
     );
     // Every row sampled: the decode copy (qs_sketch_snap_all).
     out.push(
-        early_case(checker, (ahead, control), EarlyWork::Copy, 0xea04, 64)
-            .unwrap_or_else(|e| error_outcome("early", EarlyWork::Copy.name(true), e)),
+        early_case_rows(checker, (ahead, control), true, false, 0xea04, 64)
+            .unwrap_or_else(|e| error_outcome("early", "snapshot copy of every row, then its check", e)),
     );
     // Last: a driver refusing early starts there turns them off for what follows.
     out.push(probe(Stream::default(), "the legacy default stream (PyTorch's default)"));
@@ -2283,41 +2276,29 @@ fn early_probe(checker: &GpuChecker, on: Stream, case: &str) -> Result<Outcome, 
     ))
 }
 
-/// What an early-start case launches behind the late writer.
-#[derive(Clone, Copy, PartialEq)]
-enum EarlyWork {
-    /// The check on the stream (the lean kernel if `lean`).
-    Check { lean: bool },
-    /// The detached snapshot copy, then its check.
-    Copy,
-    /// The split check: its projections (started early), then its finishing in order.
-    Split,
-}
-
-impl EarlyWork {
-    fn name(self, every_row: bool) -> &'static str {
-        match self {
-            EarlyWork::Copy if every_row => "snapshot copy of every row, then its check",
-            EarlyWork::Copy => "snapshot copy, then its check",
-            EarlyWork::Check { lean: true } => "check on the stream [lean kernel]",
-            EarlyWork::Check { lean: false } => "check on the stream",
-            EarlyWork::Split => "split check: projections, then finishing",
-        }
-    }
-}
-
-/// One early-start case: `work` behind the late writer on `streams.0`, then the same on
-/// `streams.1` with no order (the control), with `sampled` of the problem's 64 rows checked per
-/// call (64: every row, which a copy takes with `qs_sketch_snap_all`). `tag`: the ring tag.
+/// One early-start case: the check on the stream (`copy` false, the lean kernel if `lean`) or
+/// the detached snapshot copy followed by its check (`copy` true), behind the late writer on
+/// `streams.0`, then the same on `streams.1` with no order (the control). `tag`: the ring tag.
 fn early_case(
     checker: &GpuChecker,
     streams: (Stream, Stream),
-    work: EarlyWork,
+    copy: bool,
+    lean: bool,
+    tag: u64,
+) -> Result<Outcome, String> {
+    early_case_rows(checker, streams, copy, lean, tag, 32)
+}
+
+/// [`early_case`] with `sampled` of the problem's 64 rows checked per call (64: every row, which
+/// a copy takes with `qs_sketch_snap_all`).
+fn early_case_rows(
+    checker: &GpuChecker,
+    streams: (Stream, Stream),
+    copy: bool,
+    lean: bool,
     tag: u64,
     sampled: u64,
 ) -> Result<Outcome, String> {
-    let copy = work == EarlyWork::Copy;
-    let lean = matches!(work, EarlyWork::Check { lean: true } | EarlyWork::Split);
     use quantshadow_runtime::device::gpu::SnapCopy;
     use quantshadow_runtime::device::snapshot::SnapshotLayout;
     let es = |e: &dyn std::fmt::Display| e.to_string();
@@ -2350,14 +2331,6 @@ fn early_case(
         SnapshotLayout::new(&g, sample.count, checker.info.multiprocessors, u64::MAX).map_err(|e| es(&e))?;
     let snap = checker.alloc(layout.bytes as usize).map_err(|e| es(&e))?;
     let took_lean = !copy && checker.sketch_takes_lean(&g, &weight, sample.count, false);
-    let split_buffer = match work {
-        EarlyWork::Split => Some(
-            checker
-                .alloc_zeroed(abi::SplitLayout::new(sample.count, weight.kp).bytes() as usize)
-                .map_err(|e| es(&e))?,
-        ),
-        _ => None,
-    };
     let every_row_copies = std::cell::Cell::new(0u32);
     let rt = checker.runtime();
     // Runs the work behind the late writer on `on`; returns (flagged, metrics, early launches).
@@ -2375,18 +2348,6 @@ fn early_case(
                 checker.launch_copy(&c, on)?;
                 checker.launch_prepared(&check, on)
             })?
-        } else if let Some(buffer) = &split_buffer {
-            // As the shim's split checks: the finishing in order here (the shim puts it on a
-            // side stream behind an event), so only the projections start early.
-            let rows = QsRowSel::eager(&sample, call);
-            let entries = checker.sketch_entries(f, f, f, weight.kp).map_err(|e| es(&e))?;
-            let (project, finish) = checker
-                .prepare_split_check(entries, &g, rows, &weight, &scratch, buffer.ptr, (tag, call))
-                .map_err(|e| es(&e))?;
-            run_behind_writer(checker, writer, on, ahead, |on| {
-                checker.launch_prepared(&project, on)?;
-                checker.launch_prepared(&finish, on)
-            })?
         } else {
             // As the shim's eager checks on the stream: the epoch counted on the host.
             let rows = QsRowSel::eager(&sample, call);
@@ -2400,7 +2361,12 @@ fn early_case(
     let (flagged, m, early) = run(ahead, 0)?;
     let (control_flagged, cm, _) = run(control, 1)?;
     let one_queue = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").is_ok_and(|v| v.trim() == "1");
-    let name = work.name(every_row);
+    let name = match (copy, lean) {
+        (true, _) if every_row => "snapshot copy of every row, then its check",
+        (true, _) => "snapshot copy, then its check",
+        (false, true) => "check on the stream [lean kernel]",
+        (false, false) => "check on the stream",
+    };
     // A copy of every row must have taken its own kernel (both calls), or this case tests the
     // other one.
     let copy_kernel_right = !copy || (every_row_copies.get() == 2) == every_row;

@@ -41,19 +41,26 @@ def busy_us(events):
     return total
 
 
-def llama_profile(a, pause):
-    _, fn = workload(argparse.Namespace(llama=a.llama, gemm=None, prompt=a.prompt))
+def profiled_sides(fn, pause, calls, warm):
+    """Warms both sides up (`warm` runs each, twice), then yields (side, GPU operations) for
+    `calls` runs of `fn` paused and `calls` checking, each under PyTorch's profiler."""
     for on in (1, 0, 1, 0):
         pause(on)
-        fn()
+        for _ in range(warm):
+            fn()
     torch.cuda.synchronize()
     for side, on in (("paused", 1), ("checking", 0)):
         pause(on)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(a.calls):
+            for _ in range(calls):
                 fn()
             torch.cuda.synchronize()
-        ev = gpu_events(prof)
+        yield side, gpu_events(prof)
+
+
+def llama_profile(a, pause):
+    _, fn = workload(argparse.Namespace(llama=a.llama, gemm=None, prompt=a.prompt))
+    for side, ev in profiled_sides(fn, pause, a.calls, 1):
         span = ev[-1]["ts"] + ev[-1]["dur"] - ev[0]["ts"]
         # The caller's stream: the one with the most non-shim operations.
         streams = collections.Counter(e.get("tid") for e in ev if not e["name"].startswith("qs_"))
@@ -90,18 +97,7 @@ def main():
         return llama_profile(a, pause)
     a.calls = a.calls or 12
     _, fn = workload(argparse.Namespace(llama=None, gemm=a.gemm))  # ab_pause.py's GEMM, same seed
-    for on in (1, 0, 1, 0):
-        pause(on)
-        for _ in range(10):
-            fn()
-    torch.cuda.synchronize()
-    for side, on in (("paused", 1), ("checking", 0)):
-        pause(on)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(a.calls):
-                fn()
-            torch.cuda.synchronize()
-        ev = gpu_events(prof)
+    for side, ev in profiled_sides(fn, pause, a.calls, 10):
         by = collections.defaultdict(list)
         for e in ev:
             by[e["name"][:70]].append(e["dur"])

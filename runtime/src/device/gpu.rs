@@ -288,9 +288,11 @@ pub struct GpuChecker {
     lean_in_graphs: AtomicBool,
     /// Checks and snapshot copies that follow the production GEMM on its stream start early
     /// (programmatic dependent launch) where the device allows ([`early_start_device`] and the
-    /// runtime's `early_launch`). Off unless `QUANTSHADOW_EARLY_START=1`: written in session 15
-    /// with no GPU time left, so neither its correctness nor its gain has been measured on a GPU
-    /// (docs/measurements/raw/2026-11-26-h100-early-start/exp42.sh is the run that will).
+    /// runtime's `early_launch`). Off unless `QUANTSHADOW_EARLY_START=1`: correct on an H100
+    /// (`selftest --only early`) and 2-5 us faster per fused check on the stream, but blocks
+    /// that start early hold SMs behind the kernel ahead (docs/measurements/
+    /// 2026-11-26-h100-early-start.md). Split checks' projections never start early (measured
+    /// slower, [`Self::prepare_split_check`]).
     early_start: AtomicBool,
     /// Launches that started early (the selftest shows that the path ran).
     early_launches: AtomicU64,
@@ -380,11 +382,11 @@ impl SplitUse {
     }
 }
 
-/// Smallest GEMM (2 M N K) a split check is taken for under `auto`: 2^35, ~35 us of FP8 or
-/// ~50 us of bf16 on an H100. An FP8 4096^3 GEMM (2^37) and Llama-8B's 1024-token attention
+/// Smallest GEMM (2 M N K) a split check is taken for under `auto`: 2^35, ~25 us of FP8 or
+/// ~45 us of bf16 on an H100. An FP8 4096^3 GEMM (2^37) and Llama-8B's 1024-token attention
 /// projections q and o (2^35) are at or above it; its k and v projections (2^33) and every GEMM
 /// of a 1024-wide model's prefill are below. Session 26 (H100, 8b-width prefill of 1024 tokens):
-/// every eager check split put 138 us less per prefill on the caller's stream than 2^36 did
+/// every eager check split put 137 us less per prefill on the caller's stream than 2^36 did
 /// (docs/measurements/2026-11-27-h100-probes-and-units.md); 2^35 keeps the fused check where the
 /// host, not the GPU, bounds the caller.
 pub const SPLIT_AUTO_MIN_FLOPS: f64 = 34_359_738_368.0;
@@ -1388,7 +1390,9 @@ impl GpuChecker {
             ..finish
         };
         Ok((
-            PreparedLaunch { function: proj, config, params: project, early_start: self.early_start() },
+            // In order even under QUANTSHADOW_EARLY_START=1: started early they measured 0.6-4.8
+            // us slower per call (H100, docs/measurements/2026-11-27-h100-probes-and-units.md).
+            PreparedLaunch { function: proj, config, params: project, early_start: false },
             PreparedLaunch { function: fin, config, params: finish, early_start: false },
         ))
     }
