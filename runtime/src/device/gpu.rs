@@ -1390,8 +1390,8 @@ impl GpuChecker {
             ..finish
         };
         Ok((
-            // In order even under QUANTSHADOW_EARLY_START=1: started early they measured 0.6-4.8
-            // us slower per call (H100, docs/measurements/2026-11-27-h100-probes-and-units.md).
+            // In order even under QUANTSHADOW_EARLY_START=1: started early they were 2.1-4.8 us
+            // slower in 5 of 6 pairs (H100, docs/measurements/2026-11-27-h100-probes-and-units.md).
             PreparedLaunch { function: proj, config, params: project, early_start: false },
             PreparedLaunch { function: fin, config, params: finish, early_start: false },
         ))
