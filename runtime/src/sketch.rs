@@ -115,18 +115,18 @@ impl RowPermutation {
     }
 
     /// Row of sample position t in epoch e with `stride` rows per epoch (`qs_perm_row`):
-    /// perm((e * stride + t) mod total).
+    /// perm((e * stride + t) mod total), counted from the epoch's [`Self::window_start`].
     #[inline]
     pub fn sample_row(&self, stride: u64, epoch: u64, t: u64) -> u64 {
         if self.total == 0 {
             return 0;
         }
-        let x = ((epoch as u128 * stride as u128 + t as u128) % self.total as u128) as u64;
+        let x = ((self.window_start(stride, epoch) as u128 + t as u128) % self.total as u128) as u64;
         self.apply(x)
     }
 
     /// Where epoch e's window starts, (e * stride) mod total: the host computes it for the
-    /// device's `qs_window_row(start, t)`, which equals [`Self::sample_row`]`(stride, e, t)`.
+    /// device's `qs_window_row(start, t)` (QS_ROWS_WINDOW) and for [`Self::sample_row`].
     pub fn window_start(&self, stride: u64, epoch: u64) -> u64 {
         if self.total == 0 {
             return 0;
