@@ -229,9 +229,12 @@ impl<R: Read> RunReader<R> {
             }
         };
         if got < len as usize {
+            // A torn last frame, or a damaged length in the middle of the file: good frames
+            // after it must be found (and kept by recovery), as for any other damaged frame.
+            let payload = buf[..got].to_vec();
             buf.clear();
-            return self
-                .tear(format!("frame of {len} bytes runs past the end of the file ({got} bytes present)"));
+            let reason = format!("frame of {len} bytes runs past the end of the file ({got} bytes present)");
+            return self.damaged_frame(&fh, &payload, reason, buf);
         }
         let computed = crc32fast::hash(buf);
         if computed != crc {

@@ -862,6 +862,59 @@ fn structural_errors_are_malformed_with_the_reason() {
     }
 }
 
+/// An observation whose `logits_rows` holds `refs` offsets to one shared row, whose two top
+/// lists are one shared vector of `entries` entries: small on the wire, huge once expanded.
+fn shared_logits_bomb(entries: u32, refs: usize) -> Vec<u8> {
+    envelope_with(SCHEMA_MAJOR, 0, |fbb| {
+        let top: Vec<fb::TopEntry> = (0..entries).map(|i| fb::TopEntry::new(i, 1.0)).collect();
+        let top = fbb.create_vector(&top);
+        let row = fb::LogitsRow::create(
+            fbb,
+            &fb::LogitsRowArgs { row: 0, prod_top: Some(top), ref_top: Some(top) },
+        );
+        let rows = fbb.create_vector(&vec![row; refs]);
+        let problem = fb::Problem::create(fbb, &fb::ProblemArgs::default());
+        let o = fb::Observation::create(
+            fbb,
+            &fb::ObservationArgs { problem: Some(problem), logits_rows: Some(rows), ..Default::default() },
+        );
+        (fb::Record::Observation, o.as_union_value())
+    })
+}
+
+#[test]
+fn shared_sub_objects_cannot_expand_a_small_record_into_gigabytes() {
+    // 128 KiB of top entries referenced 2 x 1000 times: 256 MB of entries once decoded (the
+    // verifier's defaults allow 2 GiB). Refused before anything is copied.
+    let bomb = shared_logits_bomb(16384, 1000);
+    assert!(bomb.len() < 140 << 10, "{} bytes", bomb.len());
+    let started = std::time::Instant::now();
+    match decode_without_panic(&bomb, "a shared-offset bomb") {
+        Err(RecordError::Malformed(m)) => assert!(m.contains("apparent size") || m.contains("size"), "{m}"),
+        other => panic!("expected a malformed record, got {:?}", other.map(|_| "a decoded record")),
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    // The same row referenced once decodes: the bound is on expansion, not on size.
+    match decode(&shared_logits_bomb(16384, 1)) {
+        Ok(Record::Observation(o)) => {
+            assert_eq!(o.logits_rows.len(), 1);
+            assert_eq!(o.logits_rows[0].prod_top.len(), 16384);
+            assert_eq!(o.logits_rows[0].ref_top.len(), 16384);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A large honest record (distinct rows, as the encoder writes them) still decodes.
+    let rows: Vec<LogitsRow> = (0..64u64)
+        .map(|r| LogitsRow {
+            row: r,
+            prod_top: (0..1000).map(|i| (i, i as f32)).collect(),
+            ref_top: (0..1000).map(|i| (i + 1, i as f32)).collect(),
+        })
+        .collect();
+    let honest = observation_with(|o| o.logits_rows = rows);
+    assert_eq!(round_trip(&honest), honest);
+}
+
 #[test]
 fn every_truncation_of_a_valid_record_fails_or_loses_only_padding() {
     // The builder writes back to front, so the tail of a buffer belongs to the first object

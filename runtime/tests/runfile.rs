@@ -151,11 +151,17 @@ fn damage_in_the_middle_loses_only_the_damaged_frame() {
     let path = dir.path().join("run.qsr");
     let payloads: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 100)).collect();
     let starts = frame_starts(&payloads);
-    // A flipped payload byte, then a flipped CRC byte, then an absurd length: each damages
-    // frame 2 only; frames 3 and 4 are good and must be kept by readers and by recovery.
-    for at in [starts[2] + FRAME_HEADER_LEN as u64 + 1, starts[2] + 5, starts[2] + 3] {
+    // A flipped payload byte, a flipped CRC byte, an absurd length, and a length still under
+    // the maximum that runs past the end of the file: each damages frame 2 only; frames 3 and 4
+    // are good and must be kept by readers and by recovery.
+    for (at, xor) in [
+        (starts[2] + FRAME_HEADER_LEN as u64 + 1, 0x40),
+        (starts[2] + 5, 0x40),
+        (starts[2] + 3, 0x40),
+        (starts[2] + 1, 0x40),
+    ] {
         write_run(&path, &payloads);
-        corrupt(&path, at, 0x40);
+        corrupt(&path, at, xor);
         let c = read_run_file(&path).unwrap();
         let mut expect = payloads[..2].to_vec();
         expect.extend_from_slice(&payloads[3..]);

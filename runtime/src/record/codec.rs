@@ -80,6 +80,19 @@ impl Encoder {
     }
 }
 
+/// Verifier bounds tied to the record's size. The decoder copies a shared sub-object once per
+/// reference, and the verifier's defaults (2 GiB of apparent size, 10^6 tables) would let a
+/// record of under 1 MiB whose offsets all point at one large vector decode into gigabytes.
+/// The encoder shares nothing but vtables, so a real record's apparent size is within ~2x of
+/// its bytes.
+fn verifier_options(len: usize) -> flatbuffers::VerifierOptions {
+    flatbuffers::VerifierOptions {
+        max_apparent_size: len.saturating_mul(8).saturating_add(4096),
+        max_tables: len / 4 + 16,
+        ..Default::default()
+    }
+}
+
 /// Decodes one record. Never panics: malformed bytes give [`RecordError::Malformed`], an enum
 /// value (or record kind) this build does not know gives [`RecordError::UnknownEnum`], and a
 /// record of another schema major gives [`RecordError::UnsupportedVersion`]. Records of a
@@ -105,8 +118,9 @@ pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
     }
     // Only the two version fields are verified here: the union of another major may not
     // verify under this build's schema, and that must not hide the version mismatch.
-    let header =
-        flatbuffers::root::<fb::EnvelopeHeader>(bytes).map_err(|e| invalid("envelope header", &e))?;
+    let opts = verifier_options(bytes.len());
+    let header = flatbuffers::root_with_opts::<fb::EnvelopeHeader>(&opts, bytes)
+        .map_err(|e| invalid("envelope header", &e))?;
     if header.version_major() != SCHEMA_MAJOR {
         return Err(RecordError::UnsupportedVersion {
             found_major: header.version_major(),
@@ -114,7 +128,8 @@ pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
             supported_major: SCHEMA_MAJOR,
         });
     }
-    let envelope = flatbuffers::root::<fb::Envelope>(bytes).map_err(|e| invalid("record", &e))?;
+    let envelope =
+        flatbuffers::root_with_opts::<fb::Envelope>(&opts, bytes).map_err(|e| invalid("record", &e))?;
     // The verifier guarantees the union value is present when its type is; a None below would
     // mean a verifier bug, reported as a malformed record rather than a panic.
     let missing = || RecordError::Malformed("record union has a type but no value".into());
