@@ -31,9 +31,9 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuGetErrorString",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
-    "cuMemHostAlloc",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemHostGetDevicePointer_v2",
-    "cuMemFreeHost",
     "cuMemcpyHtoD_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoH_v2",
@@ -70,8 +70,6 @@ const NVRTC_SYMBOLS: &[&str] = &[
 /// NVRTC 13.5 infers `__device__`. CI compiles with both (runtime/tests/kernels_compile.rs).
 pub const NVRTC_OPTIONS: &[&str] = &["-default-device"];
 
-/// CU_MEMHOSTALLOC_DEVICEMAP (cuda.h): map the allocation into the device address space.
-const CU_MEMHOSTALLOC_DEVICEMAP: u32 = 0x02;
 /// CU_STREAM_NON_BLOCKING (cuda.h): no implicit synchronisation with the legacy stream.
 const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 /// CU_EVENT_DEFAULT (cuda.h): timing enabled.
@@ -412,29 +410,40 @@ impl GpuRuntime for CudaRuntime {
         check("cuMemFree_v2", unsafe { cu::cuMemFree_v2(ptr) })
     }
 
+    /// The pages are the shim's own (`mmap`), registered with the driver, not `cuMemHostAlloc`'s:
+    /// a host that resets its device or destroys its context (`cudaDeviceReset` at the end of
+    /// `main` is common) frees memory the driver allocated in that context, and the poller and
+    /// the exit drain, which read the ring without a driver call, would then fault. Registered
+    /// pages stay mapped on the host whatever the driver does; only the device mapping goes.
     fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError> {
-        let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: out-pointer is a valid local.
-        check("cuMemHostAlloc", unsafe {
-            cu::cuMemHostAlloc(&mut host, bytes.max(1), CU_MEMHOSTALLOC_DEVICEMAP)
+        let pages = HostPages::new(bytes.max(1))?;
+        // SAFETY: `pages` is a private, page-aligned mapping of `pages.len` bytes that lives
+        // until free_mapped unregisters and unmaps it.
+        check("cuMemHostRegister_v2", unsafe {
+            cu::cuMemHostRegister_v2(pages.ptr.cast(), pages.len, cu::CU_MEMHOSTREGISTER_DEVICEMAP)
         })?;
-        // SAFETY: `host` points at `bytes` bytes just allocated.
-        unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
         let mut device: cu::CUdeviceptr = 0;
-        // SAFETY: host was allocated with DEVICEMAP just above.
+        // SAFETY: the pages were registered with DEVICEMAP just above.
         if let Err(e) = check("cuMemHostGetDevicePointer_v2", unsafe {
-            cu::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+            cu::cuMemHostGetDevicePointer_v2(&mut device, pages.ptr.cast(), 0)
         }) {
-            // SAFETY: allocated above, not yet shared.
-            unsafe { cu::cuMemFreeHost(host) };
+            // SAFETY: registered above, not yet shared.
+            unsafe { cu::cuMemHostUnregister(pages.ptr.cast()) };
             return Err(e);
         }
-        Ok(MappedHost { host: host as *mut u8, device, bytes })
+        // Anonymous pages come zeroed, as the ring's readers need.
+        Ok(MappedHost { host: pages.into_raw(), device, bytes })
     }
 
     unsafe fn free_mapped(&self, mapped: &MappedHost) -> Result<(), DeviceError> {
-        // SAFETY: the caller guarantees the mapping came from alloc_mapped and is unused.
-        check("cuMemFreeHost", unsafe { cu::cuMemFreeHost(mapped.host as *mut c_void) })
+        // SAFETY: the caller guarantees the mapping came from alloc_mapped and is unused. A
+        // context already destroyed has dropped the registration: the error is expected then,
+        // and the pages are ours to unmap either way.
+        let unregistered =
+            check("cuMemHostUnregister", unsafe { cu::cuMemHostUnregister(mapped.host.cast()) });
+        // SAFETY: alloc_mapped mapped exactly this range (HostPages rounds the same way).
+        unsafe { HostPages::unmap(mapped.host, mapped.bytes.max(1)) };
+        unregistered
     }
 
     fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
@@ -904,9 +913,83 @@ unsafe fn add_kernel_node(
     Ok(GraphNode(node as u64))
 }
 
+/// A private anonymous mapping, page-aligned as `cuMemHostRegister` wants, zero-filled.
+struct HostPages {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HostPages {
+    fn rounded(bytes: usize) -> usize {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(4096);
+        bytes.div_ceil(page) * page
+    }
+
+    fn new(bytes: usize) -> Result<HostPages, DeviceError> {
+        let len = Self::rounded(bytes);
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(DeviceError::Unsupported(format!(
+                "mmap of {len} bytes for the results ring failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(HostPages { ptr: p.cast(), len })
+    }
+
+    /// Hands the mapping over to a [`MappedHost`], whose owner unmaps it with [`Self::unmap`].
+    fn into_raw(self) -> *mut u8 {
+        let p = self.ptr;
+        std::mem::forget(self);
+        p
+    }
+
+    /// # Safety
+    /// `ptr` came from [`HostPages::into_raw`] of a mapping made for `bytes` bytes, and nothing
+    /// uses it afterwards.
+    unsafe fn unmap(ptr: *mut u8, bytes: usize) {
+        // SAFETY: per this function's contract; the length rounds as in `new`.
+        unsafe { libc::munmap(ptr.cast(), Self::rounded(bytes)) };
+    }
+}
+
+impl Drop for HostPages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours and not handed over (into_raw forgets self).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_pages_are_whole_zeroed_page_aligned_mappings() {
+        for bytes in [1usize, 4095, 4096, 4097, 3 * 4096 + 5] {
+            let pages = HostPages::new(bytes).unwrap();
+            assert!(pages.len >= bytes && pages.len % 4096 == 0, "{bytes}: {}", pages.len);
+            assert_eq!(pages.ptr as usize % 4096, 0);
+            // SAFETY: the mapping is `len` bytes, readable and writable.
+            let view = unsafe { std::slice::from_raw_parts_mut(pages.ptr, pages.len) };
+            assert!(view.iter().all(|&b| b == 0));
+            view[bytes - 1] = 7;
+            let raw = pages.into_raw();
+            // SAFETY: made for `bytes` bytes just above, unused afterwards.
+            unsafe { HostPages::unmap(raw, bytes) };
+        }
+    }
 
     #[test]
     fn loads_or_reports_a_clean_error() {

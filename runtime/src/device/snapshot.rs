@@ -57,6 +57,37 @@ pub struct SnapshotLayout {
     pub bias_off: u64,
     pub bytes: u64,
     pub launch: LaunchConfig,
+    /// What of the call the layout was sized for ([`Self::fits`]).
+    shape: LayoutShape,
+}
+
+/// The parts of a call that size a snapshot. A site's identity fixes K, N and the formats of
+/// A, B and D, not whether a call has C (beta may change per call), a row bias or A's scales:
+/// a snapshot laid out without room for those must not take a call that has them (the copy
+/// would write its C rows over the header, past the buffer when C is wider than D).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LayoutShape {
+    k: u64,
+    n: u64,
+    a_format: u32,
+    a_scale: Option<(u32, u32)>,
+    c_format: Option<u32>,
+    d_format: u32,
+    row_bias_format: Option<u32>,
+}
+
+impl LayoutShape {
+    fn of(g: &QsGemmDesc) -> LayoutShape {
+        LayoutShape {
+            k: g.k,
+            n: g.n,
+            a_format: g.a.format,
+            a_scale: (g.a_scale.ptr != 0).then_some((g.a_scale.format, g.a_scale.grid_inner)),
+            c_format: (g.c.ptr != 0).then_some(g.c.format),
+            d_format: g.d.format,
+            row_bias_format: (g.bias.ptr != 0 && g.bias.axis == BIAS_ROWS).then_some(g.bias.format),
+        }
+    }
 }
 
 fn bits_of(code: u32) -> Result<u64, AbiError> {
@@ -114,7 +145,13 @@ impl SnapshotLayout {
         let by_fill = (SNAP_BLOCKS_PER_SM * sm_count.max(1) as u64).div_ceil(count).max(1);
         let chunks = by_width.min(by_fill).min(SNAP_MAX_CHUNKS);
         let launch = LaunchConfig::new([count, chunks, 1], BLOCK_THREADS)?;
-        Ok(SnapshotLayout { count, a, a_scale, c, d, bias_off, bytes, launch })
+        Ok(SnapshotLayout { count, a, a_scale, c, d, bias_off, bytes, launch, shape: LayoutShape::of(g) })
+    }
+
+    /// Whether a snapshot of this layout holds the call `g`: the same parts as the call it was
+    /// made for (C, a row bias and A's scales present or absent alike, same widths and formats).
+    pub fn fits(&self, g: &QsGemmDesc) -> bool {
+        LayoutShape::of(g) == self.shape
     }
 
     /// The copy kernel's parameters for a snapshot at `base` of the call `g`, rows `rows`.
@@ -297,6 +334,47 @@ mod tests {
             d: mat(d, n, m),
             ..QsGemmDesc::default()
         }
+    }
+
+    #[test]
+    fn a_layout_fits_only_calls_with_the_same_parts() {
+        let plain = desc(300, 1024, 512, Format::Bf16, Format::Bf16);
+        let layout = SnapshotLayout::new(&plain, 64, 132, u64::MAX).unwrap();
+        assert!(layout.fits(&plain));
+        // Other pointers and row counts do not matter.
+        let mut moved = desc(4096, 1024, 512, Format::Bf16, Format::Bf16);
+        moved.a.ptr = 0x9000;
+        moved.d.ptr = 0xa000;
+        assert!(layout.fits(&moved));
+        let differs = |f: &dyn Fn(&mut QsGemmDesc)| {
+            let mut g = plain;
+            f(&mut g);
+            !layout.fits(&g)
+        };
+        assert!(differs(&|g| {
+            g.c = g.d; // beta != 0 on this call
+            g.c.format = Format::F32 as u32;
+        }));
+        assert!(differs(&|g| {
+            g.bias =
+                QsBiasDesc { ptr: 0x2000, format: Format::Bf16 as u32, axis: BIAS_ROWS, ..Default::default() }
+        }));
+        assert!(differs(&|g| {
+            g.a_scale =
+                QsScaleDesc { ptr: 0x3000, format: Format::F32 as u32, grid_inner: 4, ..Default::default() }
+        }));
+        assert!(differs(&|g| g.d.format = Format::F16 as u32));
+        // A column bias is not in the snapshot: it fits.
+        assert!(!differs(&|g| {
+            g.bias =
+                QsBiasDesc { ptr: 0x2000, format: Format::Bf16 as u32, axis: BIAS_COLS, ..Default::default() }
+        }));
+        // And the layout made with C fits calls with C only.
+        let mut with_c = plain;
+        with_c.c = with_c.d;
+        let layout_c = SnapshotLayout::new(&with_c, 64, 132, u64::MAX).unwrap();
+        assert!(layout_c.fits(&with_c) && !layout_c.fits(&plain));
+        assert!(layout_c.bytes > layout.bytes);
     }
 
     #[test]

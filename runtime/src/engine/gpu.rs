@@ -467,6 +467,45 @@ struct EagerSnapshot {
     turn: u64,
 }
 
+/// The caller streams whose events the side stream's work waits for. A split check makes its
+/// caller's stream wait for a finishing on the side stream (`take_in_turn`); the side stream
+/// runs in order, so that finishing may sit behind work waiting for another caller stream's
+/// progress, a dependency the host never made (two streams that wait on each other through
+/// memory, as spinning communication kernels do, would then deadlock). So split checks run
+/// only while every wait on the side stream is for one caller stream, theirs; once the side
+/// stream has waited for two, eager checks stay fused on their stream.
+#[derive(Debug, Default)]
+struct SideWaits {
+    /// The one caller stream so far.
+    stream: Option<Stream>,
+    /// Two or more (or a per-thread default stream, which is a different stream per thread).
+    mixed: bool,
+}
+
+/// `CU_STREAM_PER_THREAD` / `hipStreamPerThread`: one handle, a different stream per thread.
+const PER_THREAD_STREAM: Stream = Stream(0x2);
+
+impl SideWaits {
+    /// Notes that side-stream work now waits for `stream`.
+    fn side_waits_for(&mut self, stream: Stream) {
+        if stream == PER_THREAD_STREAM || self.stream.is_some_and(|s| s != stream) {
+            self.mixed = true;
+        }
+        self.stream.get_or_insert(stream);
+    }
+
+    /// Whether `stream` may wait for side-stream work: while the side stream waits for no
+    /// other caller stream. Notes `stream` then (its split finishing will wait for it); a
+    /// refused stream puts nothing on the side stream and is not noted.
+    fn may_wait_on_side(&mut self, stream: Stream) -> bool {
+        let alone = !self.mixed && stream != PER_THREAD_STREAM && self.stream.is_none_or(|s| s == stream);
+        if alone {
+            self.stream = Some(stream);
+        }
+        alone
+    }
+}
+
 impl EagerSnapshots {
     /// A free snapshot of at least `bytes`: a used one whose check has finished, else a new one
     /// while there are fewer than `EAGER_SNAPSHOTS`; None when all are still in use. Errors:
@@ -647,6 +686,8 @@ pub struct GpuBackend {
     sync_compile: bool,
     /// Low-priority stream for rows/full references outside graph captures.
     side_stream: Option<Stream>,
+    /// Whose events the side stream's work waits for (see [`SideWaits`]).
+    side_waits: Mutex<SideWaits>,
     /// Saved copies of the caller's buffers for fault injection.
     inject: Mutex<gpu_inject::InjectState>,
     /// Diagnosis passes running.
@@ -755,6 +796,7 @@ impl GpuBackend {
             compiler: Compiler { requests: Mutex::new(tx), pending: Mutex::new(HashSet::new()), ready },
             sync_compile: s.sync_compile,
             side_stream,
+            side_waits: Mutex::default(),
             inject: Mutex::new(gpu_inject::InjectState::default()),
             diagnoses: gpu_diagnose::Diagnoses::default(),
             sketch_detach: s.sketch_detach,
@@ -1092,6 +1134,9 @@ impl GpuBackend {
         if !self.checker.sketch_takes_lean(g, weight, sample.count, false) {
             return Detach::OnStream;
         }
+        if !self.side_waits.lock().unwrap_or_else(|e| e.into_inner()).may_wait_on_side(stream) {
+            return Detach::OnStream;
+        }
         let Ok(scratch) = self.shared_eager_scratch((sample.count, g.k, g.n, req.sketch.probes)) else {
             return Detach::OnStream;
         };
@@ -1195,6 +1240,11 @@ impl GpuBackend {
         let Some(st) = detached.get_mut(&sample.count).expect("inserted above") else {
             return Detach::OnStream;
         };
+        if !st.layout.fits(g) {
+            // A call with C, a row bias or A scales where the site's snapshot has none (or the
+            // other way round): its snapshot would not hold it. Checked in place.
+            return Detach::OnStream;
+        }
         if capture.is_none() && !self.sketch_detach.detaches_eager() {
             // Eager checks stay on their stream (`SketchDetach::Graphs`); the set-up above
             // serves the site's later captures.
@@ -1250,6 +1300,7 @@ impl GpuBackend {
                 // From here the copy is enqueued: a failure leaves a copy nobody reads, into a
                 // buffer that is then never handed out again.
                 let rt = &self.runtime;
+                self.side_waits.lock().unwrap_or_else(|e| e.into_inner()).side_waits_for(stream);
                 let queued = rt
                     .record_event(snap.copied, stream)
                     .and_then(|()| rt.wait_event(side, snap.copied))
@@ -1643,6 +1694,7 @@ impl GpuBackend {
             *dst = copy.ptr;
         }
         let copied = copied.and_then(|()| {
+            self.side_waits.lock().unwrap_or_else(|e| e.into_inner()).side_waits_for(stream);
             rt.record_event(sc.inputs_ready, stream)
                 .and_then(|()| rt.wait_event(side, sc.inputs_ready))
                 .map_err(|e| fail("side stream event", e))
@@ -2384,6 +2436,74 @@ mod tests {
         let fused_2_34 = run(SplitUse::Large, (4096, 2048, 1024), 1, None);
         assert!(fused_2_34[0].starts_with("launch qs_sketch_lean_"), "{fused_2_34:?}");
         assert_eq!(run(SplitUse::Large, (4096, 4096, 1024), 1, None), [split_into(0)]);
+    }
+
+    #[test]
+    fn side_waits_allow_one_caller_stream_only() {
+        let mut w = SideWaits::default();
+        assert!(w.may_wait_on_side(Stream(7)));
+        assert!(w.may_wait_on_side(Stream(7)));
+        // Another stream is refused and leaves the first one its split checks.
+        assert!(!w.may_wait_on_side(Stream(9)));
+        assert!(w.may_wait_on_side(Stream(7)));
+        // Side work of the first stream's own (a detached check) changes nothing.
+        w.side_waits_for(Stream(7));
+        assert!(w.may_wait_on_side(Stream(7)));
+        // Side work waiting for another stream ends it for every stream.
+        w.side_waits_for(Stream(9));
+        assert!(!w.may_wait_on_side(Stream(7)));
+        assert!(!w.may_wait_on_side(Stream(9)));
+        // The per-thread default stream is one handle for many streams: never.
+        let mut w = SideWaits::default();
+        assert!(!w.may_wait_on_side(PER_THREAD_STREAM));
+        assert!(w.may_wait_on_side(Stream(0)));
+        w.side_waits_for(PER_THREAD_STREAM);
+        assert!(!w.may_wait_on_side(Stream(0)));
+    }
+
+    #[test]
+    fn split_checks_stay_with_one_caller_stream() {
+        // Calls of two caller streams (7, then 9): 7 splits; 9 gets the fused check, with no
+        // wait on the side stream, whose work waits for 7 alone; 7 keeps splitting.
+        use crate::device::gpu::SplitUse;
+        use crate::problem::{GemmBuffers, GemmProblem};
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        settings.side_stream = true;
+        settings.kernels.split = SplitUse::On;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
+        let (m, n, k) = (1024, 256, 512);
+        let buffers = GemmBuffers { a: alloc(m * k), b: alloc(k * n), d: alloc(m * n), ..Default::default() };
+        let thresholds = crate::thresholds::Thresholds::default();
+        let mut launched = Vec::new();
+        for (seq, stream) in [7u64, 9, 7, 9].into_iter().enumerate() {
+            let call = crate::intercept::InterceptedGemm {
+                entry: "cublasGemmEx",
+                problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+                buffers: buffers.clone(),
+                stream,
+                pointer_arrays: None,
+            };
+            let req =
+                CheckRequest { call_seq: seq as u64, ..CheckRequest::sketch_for_test(&call, &thresholds) };
+            backend.after_call(&req, PreCall::default()).unwrap_or_else(|s| panic!("call {seq}: {}", s.0));
+            let log = rt.take_log();
+            let kernels: Vec<String> = log.iter().filter(|l| l.contains("qs_sketch_")).cloned().collect();
+            assert!(!log.iter().any(|l| l.starts_with("9 waits")), "{log:?}");
+            launched.push(kernels.join(" | "));
+        }
+        // (The first call also projects the weight.)
+        let split = format!(
+            "launch qs_sketch_proj_bf16_bf16 8x8x1 on 7 | launch qs_sketch_fin_bf16_bf16 8x8x1 on {}",
+            crate::device::fake::SIDE_STREAM.0
+        );
+        for c in [0, 2] {
+            assert!(launched[c].ends_with(&split), "{launched:?}");
+        }
+        assert_eq!(launched[1], "launch qs_sketch_lean_bf16_bf16 8x8x1 on 9", "{launched:?}");
+        assert_eq!(launched[3], "launch qs_sketch_lean_bf16_bf16 8x8x1 on 9", "{launched:?}");
     }
 
     #[test]
