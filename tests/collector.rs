@@ -6,15 +6,18 @@ use quantshadow_runtime::formats::Format;
 use quantshadow_runtime::metrics::compare_matrix;
 use quantshadow_runtime::problem::{Activation, ComputeType, Order, Transpose};
 use quantshadow_runtime::record::{
-    self, CheckMode, ClosingRecord, GemmObservation, ProblemSummary, Record, SessionRecord,
+    self, CheckMode, ClosingRecord, GemmObservation, ProblemSummary, Record, RecordError, SessionRecord,
+    SCHEMA_MAJOR,
 };
 use quantshadow_runtime::runfile::{read_run_file, FRAME_HEADER_LEN};
-use quantshadow_runtime::transport::{push_frame, Address, Client, ClientOptions};
+use quantshadow_runtime::transport::{push_frame, Address, Client, ClientOptions, MAX_FRAME_BYTES};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -98,6 +101,44 @@ fn closing(session_id: u64, dropped: u64) -> Record {
 
 fn enc(r: &Record) -> Vec<u8> {
     record::encode(r)
+}
+
+/// An observation whose check mode is a value this build does not know, as a newer minor may
+/// add. Built from two encodings that differ only in the mode, so only in the mode's byte.
+fn observation_with_unknown_mode(session_id: u64) -> Vec<u8> {
+    let with_mode = |mode| {
+        let mut r = observation(session_id, 1, 0, false);
+        if let Record::Observation(o) = &mut r {
+            o.mode = mode;
+        }
+        enc(&r)
+    };
+    let (rows, mut bytes) = (with_mode(CheckMode::Rows), with_mode(CheckMode::Full));
+    let differ: Vec<usize> = (0..rows.len()).filter(|&i| rows.get(i) != bytes.get(i)).collect();
+    assert_eq!((rows.len(), differ.len()), (bytes.len(), 1));
+    bytes[differ[0]] = 200;
+    assert_eq!(record::decode(&bytes), Err(RecordError::UnknownEnum { what: "CheckMode", value: 200 }));
+    bytes
+}
+
+/// A record of the next schema major: an envelope holding only its two version fields, the
+/// part every major keeps readable.
+fn record_of_the_next_major() -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&16u32.to_le_bytes()); // root table at byte 16
+    bytes.extend_from_slice(b"QSR1");
+    // vtable at byte 8: its size, the table's size, where version_major and version_minor sit.
+    for v in [8u16, 8, 4, 6] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    bytes.extend_from_slice(&8i32.to_le_bytes()); // table to vtable: 16 - 8
+    bytes.extend_from_slice(&(SCHEMA_MAJOR + 1).to_le_bytes());
+    bytes.extend_from_slice(&0u16.to_le_bytes());
+    match record::decode(&bytes) {
+        Err(RecordError::UnsupportedVersion { found_major, .. }) => assert_eq!(found_major, SCHEMA_MAJOR + 1),
+        other => panic!("expected UnsupportedVersion, got {other:?}"),
+    }
+    bytes
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,6 +278,80 @@ fn garbage_clients_are_disconnected_and_the_others_unaffected() {
     let records = decode_all(&read_run_file(&out).unwrap().payloads);
     assert_eq!(records.iter().filter(|r| r.session_id() == 1).count(), 3002);
     assert_eq!(records.iter().filter(|r| r.session_id() == 77).count(), 2);
+}
+
+#[test]
+fn records_of_a_newer_minor_are_stored_as_received_and_another_major_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.qsr");
+    let sock = dir.path().join("c.sock");
+    let collector = Collector::start(&Address::Unix(sock.clone()), &out).unwrap();
+    let sent = vec![
+        enc(&session(4)),
+        enc(&observation(4, 0, 0, false)),
+        observation_with_unknown_mode(4),
+        enc(&observation(4, 2, 1, false)),
+        enc(&closing(4, 0)),
+    ];
+    let mut wire = Vec::new();
+    for payload in &sent {
+        push_frame(&mut wire, payload).unwrap();
+    }
+    let mut client = UnixStream::connect(&sock).unwrap();
+    client.write_all(&wire).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == sent.len() as u64),
+        "{:?}",
+        collector.stats()
+    );
+    // Still connected: a bad client would have been closed.
+    client.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let still_open = client.read(&mut [0u8; 1]).unwrap_err();
+    assert_eq!(still_open.kind(), std::io::ErrorKind::WouldBlock, "{still_open}");
+    // A record of the next major is not stored: this build's report would refuse the file.
+    let mut other = UnixStream::connect(&sock).unwrap();
+    let mut wire = Vec::new();
+    push_frame(&mut wire, &record_of_the_next_major()).unwrap();
+    other.write_all(&wire).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().bad_clients == 1),
+        "{:?}",
+        collector.stats()
+    );
+    let summary = collector.shutdown();
+    let st = &summary.stats;
+    assert_eq!((st.records, st.unreadable_records, st.bad_clients), (5, 1, 1), "{st:?}");
+    assert_eq!((st.sessions, st.sites), (1, 2), "{st:?}");
+    assert_eq!(read_run_file(&out).unwrap().payloads, sent);
+}
+
+#[test]
+fn shutdown_is_not_held_up_by_a_client_trickling_a_large_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("c.sock");
+    let collector = Collector::start(&Address::Unix(sock.clone()), &dir.path().join("run.qsr")).unwrap();
+    let mut client = UnixStream::connect(&sock).unwrap();
+    // A byte every few ms is well inside any read timeout, and the frame takes hours to finish.
+    client.write_all(&(MAX_FRAME_BYTES as u32).to_le_bytes()).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let done = done.clone();
+        thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) && client.write_all(&[0]).is_ok() {
+                thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    assert!(wait_until(Duration::from_secs(5), || collector.stats().active_clients == 1));
+    thread::sleep(Duration::from_millis(200)); // well inside the frame by now
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || tx.send(collector.shutdown()).unwrap());
+    // The drain limit is about a second; a hang is what this catches, not the exact time.
+    let summary = rx.recv_timeout(Duration::from_secs(10));
+    done.store(true, Ordering::Relaxed);
+    let summary = summary.expect("shutdown waited for a client that trickles");
+    trickler.join().unwrap();
+    assert_eq!((summary.stats.records, summary.stats.bad_clients), (0, 0), "{:?}", summary.stats);
 }
 
 #[test]

@@ -2,15 +2,17 @@
 //! run file.
 //!
 //! One acceptor thread, one thread per connection, one writer thread. Connection threads read
-//! frames in bulk, validate each payload by decoding it (garbage never reaches the run file;
-//! decoding also feeds the session/site counters of the status line), and hand whole batches
-//! of run-file frames (CRC computed there, in parallel) to the writer over a bounded channel.
-//! When the writer falls behind, connection threads block on that channel, the sockets fill,
-//! and the clients drop records on their side: the collector's memory stays bounded.
+//! frames in bulk, validate each payload by decoding it (garbage never reaches the run file; a
+//! record of a newer schema minor that this build cannot read is stored as received, for a
+//! newer report; decoding also feeds the session/site counters of the status line), and hand whole
+//! batches of run-file frames (CRC computed there, in parallel) to the writer over a bounded
+//! channel. When the writer falls behind, connection threads block on that channel, the
+//! sockets fill, and the clients drop records on their side: the collector's memory stays
+//! bounded.
 //!
 //! The in-process API ([`Collector`]) serves the demo, the tests and the benchmarks.
 
-use quantshadow_runtime::record::{self, Record};
+use quantshadow_runtime::record::{self, Record, RecordError};
 use quantshadow_runtime::runfile::{FrameBatch, Recovery, RunFileError, RunWriter};
 use quantshadow_runtime::thresholds::Thresholds;
 use quantshadow_runtime::transport::{default_address, Address, FrameError, FrameReader};
@@ -73,7 +75,7 @@ pub fn main(args: Args) -> ExitCode {
         let st = &summary.stats;
         eprintln!(
             "quantshadow collect: {} records ({} sessions, {} sites, {} failing) from {} connections \
-             appended to {} in {:.1} s{}",
+             appended to {} in {:.1} s{}{}",
             st.records,
             st.sessions,
             st.sites,
@@ -83,6 +85,14 @@ pub fn main(args: Args) -> ExitCode {
             summary.elapsed.as_secs_f64(),
             if st.bad_clients > 0 {
                 format!("; {} bad clients disconnected", st.bad_clients)
+            } else {
+                String::new()
+            },
+            if st.unreadable_records > 0 {
+                format!(
+                    "; {} records of a newer schema minor stored unread (a newer report reads them)",
+                    st.unreadable_records
+                )
             } else {
                 String::new()
             }
@@ -212,8 +222,13 @@ pub struct CollectStats {
     pub clients: u64,
     /// Connections open now.
     pub active_clients: u64,
-    /// Connections closed for sending malformed frames or undecodable records.
+    /// Connections closed for sending malformed frames or malformed records.
     pub bad_clients: u64,
+    /// Records of a newer schema minor (an enum value or record kind this build does not know)
+    /// that this build cannot decode: appended as received, for a report that reads them, but
+    /// not in the session/site counters. Included in `records`. (A record of another major
+    /// closes its connection as bad: this build's report refuses a file holding one.)
+    pub unreadable_records: u64,
     /// Connections refused because `max_clients` were open.
     pub refused_clients: u64,
     /// Records lost to write errors on the run file.
@@ -259,6 +274,7 @@ struct Shared {
     clients: AtomicU64,
     active: AtomicU64,
     bad: AtomicU64,
+    unreadable: AtomicU64,
     refused: AtomicU64,
     lost: AtomicU64,
     conns: Mutex<Vec<JoinHandle<()>>>,
@@ -351,6 +367,7 @@ impl Collector {
             clients: AtomicU64::new(0),
             active: AtomicU64::new(0),
             bad: AtomicU64::new(0),
+            unreadable: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             conns: Mutex::new(Vec::new()),
@@ -424,6 +441,7 @@ impl Collector {
             clients: s.clients.load(Ordering::Relaxed),
             active_clients: s.active.load(Ordering::Relaxed),
             bad_clients: s.bad.load(Ordering::Relaxed),
+            unreadable_records: s.unreadable.load(Ordering::Relaxed),
             refused_clients: s.refused.load(Ordering::Relaxed),
             lost_records: s.lost.load(Ordering::Relaxed),
         }
@@ -665,7 +683,7 @@ enum End {
 }
 
 fn serve(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shared) {
-    let end = serve_frames(stream, tx, shared);
+    let end = serve_frames(stream, label, tx, shared);
     match end {
         End::Done | End::WriterGone => tracing::debug!("{label}: disconnected"),
         End::Lost(why) => tracing::debug!("{label}: connection lost: {why}"),
@@ -676,7 +694,7 @@ fn serve(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shar
     }
 }
 
-fn serve_frames(stream: Stream, tx: &SyncSender<FrameBatch>, shared: &Shared) -> End {
+fn serve_frames(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shared) -> End {
     if let Err(e) = stream.set_read_timeout(POLL_INTERVAL) {
         return End::Lost(format!("cannot set a read timeout: {e}"));
     }
@@ -685,6 +703,7 @@ fn serve_frames(stream: Stream, tx: &SyncSender<FrameBatch>, shared: &Shared) ->
     let mut catalog = LocalCatalog::default();
     let mut draining_until: Option<Instant> = None;
     let mut received = 0u64;
+    let mut unreadable = 0u64;
     let validate = shared.options.validate;
     let hand_over = |batch: &mut FrameBatch, catalog: &mut LocalCatalog| -> bool {
         catalog.merge_into(&shared.catalog);
@@ -694,16 +713,24 @@ fn serve_frames(stream: Stream, tx: &SyncSender<FrameBatch>, shared: &Shared) ->
         let full = std::mem::replace(batch, FrameBatch::with_capacity(BATCH_BYTES + 4096));
         tx.send(full).is_ok()
     };
-    let end = loop {
+    let mut end = loop {
         // About to read from the socket (which may wait): pass on what we have first, so a
         // quiet client's records reach the file promptly.
-        if !reader.has_buffered_frame() && !hand_over(&mut batch, &mut catalog) {
-            break End::WriterGone;
+        if !reader.has_buffered_frame() {
+            if !hand_over(&mut batch, &mut catalog) {
+                break End::WriterGone;
+            }
+            // The read timeout does not end a read while bytes keep coming (a client trickling
+            // a large frame): bound the read so that the stop flag is still seen.
+            if draining_until.is_none() {
+                reader.set_deadline(Some(Instant::now() + POLL_INTERVAL));
+            }
         }
         if draining_until.is_none() && shared.stop.load(Ordering::Relaxed) {
             let stop_at =
                 shared.stop_at.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now);
             draining_until = Some(stop_at + DRAIN_MAX);
+            reader.set_deadline(draining_until);
             let _ = reader.get_ref().set_read_timeout(DRAIN_READ_TIMEOUT);
         }
         if draining_until.is_some_and(|t| Instant::now() >= t) {
@@ -727,7 +754,22 @@ fn serve_frames(stream: Stream, tx: &SyncSender<FrameBatch>, shared: &Shared) ->
         if validate {
             match record::decode(payload) {
                 Ok(rec) => catalog.note(&rec, &shared.options.thresholds),
-                Err(e) => {
+                // A newer minor's record (the schema lets a minor add enum values and record
+                // kinds): well-formed, so kept as received for a report that can read it. A
+                // record of another major is not: this build's report refuses a file holding
+                // one, which would cost every other record of the run.
+                Err(e @ RecordError::UnknownEnum { .. }) => {
+                    unreadable += 1;
+                    shared.unreadable.fetch_add(1, Ordering::Relaxed);
+                    if unreadable == 1 {
+                        tracing::warn!(
+                            "{label}: record {received} cannot be read by this build ({e}); storing it \
+                             as received, and any more like it from this client without a warning (a \
+                             newer quantshadow report reads them)"
+                        );
+                    }
+                }
+                Err(e @ (RecordError::Malformed(_) | RecordError::UnsupportedVersion { .. })) => {
                     break End::Bad(format!("record {received} is not a valid quantshadow record: {e}"))
                 }
             }
@@ -741,6 +783,9 @@ fn serve_frames(stream: Stream, tx: &SyncSender<FrameBatch>, shared: &Shared) ->
             break End::WriterGone;
         }
     };
+    if let End::Bad(why) = &mut end {
+        why.push_str(&format!(" ({} buffered bytes discarded)", reader.buffered()));
+    }
     // Records before a bad one are valid: keep them.
     if !matches!(end, End::WriterGone) {
         hand_over(&mut batch, &mut catalog);

@@ -3,11 +3,14 @@
 //!
 //! The summary judges every check with the given (or default) thresholds, as the report does:
 //! `sessions 1 observations 120 checked 118 failing_calls 0 failing_sites [] failing_names []
-//! diagnoses 0 explained [] injected 0 dropped 0`. `explained` lists `site:reading` for every diagnosis that
-//! names a reading other than the declared contract.
+//! diagnoses 0 explained [] injected 0 dropped 0 undecodable 0 damaged 0 torn 0`. `explained`
+//! lists `site:reading` for every diagnosis that names a reading other than the declared
+//! contract. The last three count what the files lost (records that did not decode, damaged
+//! regions, files with a torn tail); the details go to stderr, as the report's warnings do.
+//! Fields are only ever added at the end, so scripts that read them by position keep working.
 
 use crate::exit;
-use crate::report::load_run_file;
+use crate::report::{load_run_file, RunSource};
 use quantshadow_runtime::record::Record;
 use quantshadow_runtime::thresholds::Thresholds;
 use std::collections::BTreeSet;
@@ -44,6 +47,12 @@ pub struct Summary {
     pub explained: BTreeSet<(String, u32, String)>,
     pub injected: u64,
     pub dropped: u64,
+    /// Intact records of the files that did not decode (not in the other counts).
+    pub undecodable: u64,
+    /// Damaged regions in the files: their records are lost.
+    pub damaged: u64,
+    /// Files that end in a torn tail: whatever was written after it is lost.
+    pub torn: u64,
 }
 
 impl Summary {
@@ -87,6 +96,13 @@ impl Summary {
         s
     }
 
+    /// Adds what a file lost on the way (its records are counted by [`Self::of`]).
+    pub fn add_losses(&mut self, source: &RunSource) {
+        self.undecodable += source.undecodable;
+        self.damaged += source.damaged.len() as u64;
+        self.torn += source.torn_tail.is_some() as u64;
+    }
+
     /// One line, `key value` pairs; lists as `[a,b]` (label omitted when there is one session).
     pub fn line(&self) -> String {
         let one = self.sessions <= 1;
@@ -95,7 +111,7 @@ impl Summary {
         let explained: Vec<String> =
             self.explained.iter().map(|(l, o, id)| format!("{}:{id}", site(l, *o))).collect();
         format!(
-            "sessions {} observations {} checked {} failing_calls {} failing_sites [{}] failing_names [{}] diagnoses {} explained [{}] injected {} dropped {}",
+            "sessions {} observations {} checked {} failing_calls {} failing_sites [{}] failing_names [{}] diagnoses {} explained [{}] injected {} dropped {} undecodable {} damaged {} torn {}",
             self.sessions,
             self.observations,
             self.checked,
@@ -105,7 +121,10 @@ impl Summary {
             self.diagnoses,
             explained.join(","),
             self.injected,
-            self.dropped
+            self.dropped,
+            self.undecodable,
+            self.damaged,
+            self.torn
         )
     }
 }
@@ -122,9 +141,17 @@ pub fn main(args: Args) -> ExitCode {
         },
     };
     let mut records = Vec::new();
+    let mut sources = Vec::new();
     for f in &args.files {
         match load_run_file(f) {
-            Ok(run) => records.extend(run.records),
+            Ok(run) => {
+                // Lost data is not fatal (the intact records are still dumped) but never silent.
+                for warning in run.source.warnings() {
+                    eprintln!("quantshadow dump: warning: {warning}");
+                }
+                records.extend(run.records);
+                sources.push(run.source);
+            }
             Err(e) => {
                 eprintln!("quantshadow dump: {}: {e}", f.display());
                 return ExitCode::from(exit::BAD_INPUT);
@@ -134,7 +161,11 @@ pub fn main(args: Args) -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.summary {
-        let _ = writeln!(out, "{}", Summary::of(&records, &thresholds).line());
+        let mut summary = Summary::of(&records, &thresholds);
+        for source in &sources {
+            summary.add_losses(source);
+        }
+        let _ = writeln!(out, "{}", summary.line());
         return ExitCode::from(exit::OK);
     }
     for r in &records {

@@ -6,6 +6,7 @@
 
 use crate::collect::Collector;
 use crate::exit;
+use quantshadow_runtime::thresholds::Thresholds;
 use quantshadow_runtime::transport::Address;
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
@@ -74,6 +75,10 @@ pub fn run(args: &Args) -> Result<u8, String> {
             return Err(format!("--sample {s:?}: expected all, 1/N, first:K or first:K,1/N"));
         }
     }
+    // The report reads it after the program, which may run for hours: a typo must fail now.
+    if let Some(t) = &args.thresholds {
+        Thresholds::from_file(t).map_err(|e| e.to_string())?;
+    }
     let shim = match &args.shim {
         Some(p) => p.clone(),
         None => default_shim().ok_or("libquantshadow.so not found next to quantshadow; pass --shim")?,
@@ -130,6 +135,11 @@ pub fn run(args: &Args) -> Result<u8, String> {
     let verdict = crate::report::run(&report_args).map_err(|e| format!("report: {e}"));
     if !status.success() {
         eprintln!("quantshadow run: the program failed ({status})");
+        // The program's failure decides the exit code, but a missing report must still be
+        // explained.
+        if let Err(e) = &verdict {
+            eprintln!("quantshadow run: error: {e}");
+        }
         return Ok(status.code().map_or(exit::FAILED, |c| (c & 0xff) as u8).max(1));
     }
     let report = verdict?;

@@ -191,13 +191,22 @@ pub struct FrameReader<R> {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    deadline: Option<Instant>,
 }
 
 const FRAME_READER_INITIAL: usize = 256 << 10;
 
 impl<R: Read> FrameReader<R> {
     pub fn new(inner: R) -> Self {
-        FrameReader { inner, buf: vec![0; FRAME_READER_INITIAL], start: 0, end: 0 }
+        FrameReader { inner, buf: vec![0; FRAME_READER_INITIAL], start: 0, end: 0, deadline: None }
+    }
+
+    /// After `deadline`, reads stop and [`Self::next_frame`] fails with a timeout
+    /// ([`FrameError::is_timeout`]; a partial frame stays buffered) instead of reading on. A
+    /// read timeout alone does not bound a read: a peer trickling a byte at a time never
+    /// triggers it.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 
     pub fn get_ref(&self) -> &R {
@@ -255,6 +264,12 @@ impl<R: Read> FrameReader<R> {
             }
         }
         while self.buffered() < need {
+            if self.deadline.is_some_and(|t| Instant::now() >= t) {
+                return Err(FrameError::Io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("deadline passed with {} of {need} bytes buffered", self.buffered()),
+                )));
+            }
             match self.inner.read(&mut self.buf[self.end..]) {
                 Ok(0) if self.buffered() == 0 => return Ok(false),
                 Ok(0) if need == 4 => {

@@ -290,6 +290,51 @@ fn malformed_frames_are_rejected() {
     assert!(reader(Vec::new()).next_frame().unwrap().is_none());
 }
 
+/// Hands out one byte per read, each after `delay`: a peer trickling a frame, which no read
+/// timeout catches.
+struct Slow {
+    data: Vec<u8>,
+    pos: usize,
+    delay: Duration,
+}
+
+impl Read for Slow {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        thread::sleep(self.delay);
+        let n = 1.min(buf.len()).min(self.data.len() - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_deadline_ends_a_read_that_keeps_receiving_bytes_and_keeps_the_partial_frame() {
+    let payload = vec![3u8; 5000];
+    let mut wire = Vec::new();
+    push_frame(&mut wire, b"first").unwrap();
+    push_frame(&mut wire, &payload).unwrap();
+    let mut r = FrameReader::new(Slow { data: wire, pos: 0, delay: Duration::from_millis(1) });
+    assert_eq!(r.next_frame().unwrap().unwrap(), b"first");
+
+    // Reading the whole second frame a byte per millisecond would take over 5 s.
+    r.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
+    let started = Instant::now();
+    let err = r.next_frame().unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    let partial = r.buffered();
+    assert!(partial > 0 && partial < 4 + payload.len(), "{partial}");
+    // Past the deadline nothing more is read.
+    assert!(r.next_frame().unwrap_err().is_timeout());
+    assert_eq!(r.buffered(), partial);
+
+    r.set_deadline(None);
+    r.get_mut().delay = Duration::ZERO;
+    assert_eq!(r.next_frame().unwrap().unwrap(), &payload[..]);
+    assert!(r.next_frame().unwrap().is_none());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Client
 

@@ -721,7 +721,11 @@ fn pass(config: &ConfigurationReport) -> Option<String> {
         return None;
     }
     let s = &config.summary;
-    let partial = s.sites_observed_only > 0 || config.counters.sessions_closed < config.counters.sessions;
+    let c = &config.counters;
+    // Records known to be missing may have held failures: the verdict stands (missing data is a
+    // warning), but the sentence must not vouch for what was not seen.
+    let partial =
+        s.sites_observed_only > 0 || c.sessions_closed < c.sessions || c.dropped > 0 || c.checked_missing > 0;
     Some(format!(
         "All {} ({} calls) are within the thresholds{}.",
         text::count(s.sites_checked, "checked site", "checked sites"),

@@ -322,6 +322,29 @@ fn crashed_sessions_dropped_records_and_missing_results_are_warned() {
 }
 
 #[test]
+fn dropped_records_or_missing_results_keep_the_pass_but_do_not_vouch_for_the_configuration() {
+    let healthy = report_of(configuration(1, "fp8", 2, fp8_problem, |_| fp8_ok()));
+    assert!(advice(only_config(&healthy), "pass").ends_with("this configuration is good to use."));
+    let with_closing = |change: fn(&mut ClosingRecord)| {
+        let mut records = configuration(1, "fp8", 2, fp8_problem, |_| fp8_ok());
+        if let Some(Record::Closing(c)) = records.last_mut() {
+            change(c);
+        }
+        report_of(records)
+    };
+    for (what, report) in
+        [("dropped", with_closing(|c| c.dropped = 3)), ("checked missing", with_closing(|c| c.checked = 5))]
+    {
+        let config = only_config(&report);
+        assert_eq!(config.verdict, Verdict::Pass, "{what}: missing data is a warning, not a failure");
+        assert_eq!(rule_ids(config), ["incomplete-run", "pass"], "{what}");
+        let pass = advice(config, "pass");
+        assert!(pass.contains("see the notes above on what was not covered"), "{what}: {pass}");
+        assert!(!pass.contains("good to use"), "{what}: {pass}");
+    }
+}
+
+#[test]
 fn observations_without_session_record_are_grouped_and_warned() {
     let records = vec![Record::Observation(obs(9, 0, fp8_problem(8), Some(fp8_ok())))];
     let report = report_of(records);

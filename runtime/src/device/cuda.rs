@@ -979,7 +979,7 @@ mod tests {
     fn ring_pages_are_whole_zeroed_page_aligned_mappings() {
         for bytes in [1usize, 4095, 4096, 4097, 3 * 4096 + 5] {
             let pages = HostPages::new(bytes).unwrap();
-            assert!(pages.len >= bytes && pages.len % 4096 == 0, "{bytes}: {}", pages.len);
+            assert!(pages.len >= bytes && pages.len.is_multiple_of(4096), "{bytes}: {}", pages.len);
             assert_eq!(pages.ptr as usize % 4096, 0);
             // SAFETY: the mapping is `len` bytes, readable and writable.
             let view = unsafe { std::slice::from_raw_parts_mut(pages.ptr, pages.len) };

@@ -654,6 +654,10 @@ const SPLIT_BUFFERS: usize = 8;
 struct SideCheck {
     /// Copies of A, D, A's scales and C, each with its size (reallocated when a call needs more).
     copies: [Option<DeviceBuffer>; 6],
+    /// Copies of the call's device-pointer scalars (alpha, A's and B's tensor scales, beta,
+    /// d_scale; 8 bytes each): `_scaled_mm`'s activation scale is a 4-byte tensor the caching
+    /// allocator hands to the next layer long before a low-priority reference reads it.
+    scalars: Option<DeviceBuffer>,
     inputs_ready: Event,
     done: Event,
     /// A check was enqueued and `done` recorded after it.
@@ -1583,52 +1587,59 @@ impl GpuBackend {
             Some(side) => (self.copy_inputs(req, buffers, state, stream, side)?, side),
         };
         let g = &g_checked;
-        // The reference reads the epoch; the compare (last kernel of the check) advances it.
-        let ref_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, false);
-        let cmp_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
-        // In a capture with a sampling rule: decided on the device at every replay.
-        let gate = |which: u64| match req.device_gate.filter(|_| capturing) {
-            Some(rule) => abi::DeviceGate::new(state.gates.ptr + 8 * which, rule.first, rule.every),
-            None => abi::DeviceGate::default(),
-        };
-        self.checker
-            .reference_sel(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
-            .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
-        if capturing {
-            self.note_check_node(req, run_on, Some(gate_field!(abi::QsRefParams)));
-        }
-        let request = CompareRequest {
-            d: g.d,
-            m: g.m,
-            n: g.n,
-            rows: cmp_rows,
-            reference: state.reference.ptr,
-            ref_ld: g.n,
-            logits_topk: req.logits_topk,
-            kind: if full { abi::CHECK_FULL } else { abi::CHECK_ROWS },
-            tag: (req.site_id, req.call_seq),
-        };
-        let mut prepared = self
-            .checker
-            .prepare_compare(&request, &state.compare)
-            .map_err(|e| Skip::new(format!("compare: {}", short(&e.to_string()))))?;
-        let cmp_gate = gate(1);
-        prepared.params.gate_ptr = cmp_gate.ptr;
-        prepared.params.gate_first = cmp_gate.first;
-        prepared.params.gate_every = cmp_gate.every;
-        self.checker
-            .launch_prepared(&prepared, run_on)
-            .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))?;
-        if capturing {
-            self.note_check_node(req, run_on, Some(gate_field!(abi::QsCompareParams)));
-        }
+        // Once copy_inputs has enqueued the copies, the side state must guard them whatever
+        // happens below: a check that fails to launch still leaves copies (and maybe its
+        // reference) queued, which the site's next call must wait for before it frees or
+        // reuses a copy.
+        let enqueued = (|| -> Result<(), Skip> {
+            // The reference reads the epoch; the compare (last kernel of the check) advances it.
+            let ref_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, false);
+            let cmp_rows = QsRowSel::sample(&sample, site.epoch.ptr, 0, true);
+            // In a capture with a sampling rule: decided on the device at every replay.
+            let gate = |which: u64| match req.device_gate.filter(|_| capturing) {
+                Some(rule) => abi::DeviceGate::new(state.gates.ptr + 8 * which, rule.first, rule.every),
+                None => abi::DeviceGate::default(),
+            };
+            self.checker
+                .reference_sel(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
+                .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
+            if capturing {
+                self.note_check_node(req, run_on, Some(gate_field!(abi::QsRefParams)));
+            }
+            let request = CompareRequest {
+                d: g.d,
+                m: g.m,
+                n: g.n,
+                rows: cmp_rows,
+                reference: state.reference.ptr,
+                ref_ld: g.n,
+                logits_topk: req.logits_topk,
+                kind: if full { abi::CHECK_FULL } else { abi::CHECK_ROWS },
+                tag: (req.site_id, req.call_seq),
+            };
+            let mut prepared = self
+                .checker
+                .prepare_compare(&request, &state.compare)
+                .map_err(|e| Skip::new(format!("compare: {}", short(&e.to_string()))))?;
+            let cmp_gate = gate(1);
+            prepared.params.gate_ptr = cmp_gate.ptr;
+            prepared.params.gate_first = cmp_gate.first;
+            prepared.params.gate_every = cmp_gate.every;
+            self.checker
+                .launch_prepared(&prepared, run_on)
+                .map_err(|e| Skip::new(format!("compare launch: {}", short(&e.to_string()))))?;
+            if capturing {
+                self.note_check_node(req, run_on, Some(gate_field!(abi::QsCompareParams)));
+            }
+            Ok(())
+        })();
         if let Some(side) = state.side.as_mut().filter(|_| side_stream.is_some()) {
-            // The compare is enqueued and its result will come: a failed record is not a skip,
+            // A failed record is not a skip when the compare is enqueued (its result will come),
             // but the copies are then never reused (their readers' end is unknown).
             side.pending = true;
             side.lost = self.runtime.record_event(side.done, run_on).is_err();
         }
-        Ok(())
+        enqueued
     }
 
     /// Copies what the caller may overwrite into the site's buffers on `stream` and makes
@@ -1650,6 +1661,7 @@ impl GpuBackend {
             let done = rt.create_sync_event().map_err(|e| fail("side stream event", e))?;
             state.side = Some(SideCheck {
                 copies: Default::default(),
+                scalars: None,
                 inputs_ready,
                 done,
                 pending: false,
@@ -1669,29 +1681,52 @@ impl GpuBackend {
         let p = &req.call.problem;
         let mut out = *buffers;
         let targets = per_call_inputs(p, buffers, &mut out, self.weights_rewritten(req.site_id));
-        let mut enqueued = false;
-        let mut copied = Ok(());
+        // Every block and the descriptor first, nothing enqueued yet: a failure here leaves
+        // no copy behind (the previous check of the site is done, so its blocks may go).
+        let mut plan: Vec<(u64, u64, usize)> = Vec::with_capacity(11);
         for (slot, (src, bytes, dst)) in sc.copies.iter_mut().zip(targets) {
             if src == 0 || bytes == 0 {
                 continue;
             }
             if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
                 *slot = None; // back to the pool before the larger block is taken
-                match self.checker.alloc(bytes) {
-                    Ok(b) => *slot = Some(b),
-                    Err(e) => {
-                        copied = Err(Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e))));
-                        break;
-                    }
-                }
+                *slot =
+                    Some(self.checker.alloc(bytes).map_err(|e| {
+                        Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e)))
+                    })?);
             }
             let copy = slot.as_ref().expect("allocated above");
-            if let Err(e) = rt.copy_async(copy.ptr, src, bytes, stream) {
+            plan.push((copy.ptr, src, bytes));
+            *dst = copy.ptr;
+        }
+        let mut g = QsGemmDesc::from_problem(p, &out)
+            .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))?;
+        let scalars =
+            [&mut g.alpha, &mut g.a_tensor_scale, &mut g.b_tensor_scale, &mut g.beta, &mut g.d_scale];
+        if scalars.iter().any(|x| x.on_device != 0 && x.ptr != 0) {
+            if sc.scalars.is_none() {
+                sc.scalars =
+                    Some(self.checker.alloc(8 * scalars.len()).map_err(|e| {
+                        Skip::new(format!("{} inputs: {}", req.mode.name(), pool_reason(&e)))
+                    })?);
+            }
+            let base = sc.scalars.as_ref().expect("allocated above").ptr;
+            for (i, x) in scalars.into_iter().enumerate() {
+                let width = crate::formats::Format::from_u8(x.format as u8).map_or(0, |f| f.bytes_for(1));
+                if x.on_device != 0 && x.ptr != 0 && (1..=8).contains(&width) {
+                    plan.push((base + 8 * i as u64, x.ptr, width));
+                    x.ptr = base + 8 * i as u64;
+                }
+            }
+        }
+        let mut enqueued = false;
+        let mut copied = Ok(());
+        for (dst, src, bytes) in plan {
+            if let Err(e) = rt.copy_async(dst, src, bytes, stream) {
                 copied = Err(fail("input copy", e));
                 break;
             }
             enqueued = true;
-            *dst = copy.ptr;
         }
         let copied = copied.and_then(|()| {
             self.side_waits.lock().unwrap_or_else(|e| e.into_inner()).side_waits_for(stream);
@@ -1708,8 +1743,7 @@ impl GpuBackend {
             }
             return Err(skip);
         }
-        QsGemmDesc::from_problem(p, &out)
-            .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))
+        Ok(g)
     }
 }
 
@@ -2482,7 +2516,7 @@ mod tests {
             let call = crate::intercept::InterceptedGemm {
                 entry: "cublasGemmEx",
                 problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
-                buffers: buffers.clone(),
+                buffers,
                 stream,
                 pointer_arrays: None,
             };
