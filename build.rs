@@ -11,6 +11,8 @@
 //! - `libfixture_launch.so`, a fake CUDA driver whose kernels run on the host
 //!   (`QUANTSHADOW_FIXTURE_LAUNCH`), and `fixture_launch_app`, which dlopens it RTLD_LOCAL and
 //!   resolves everything with dlsym(handle) (`QUANTSHADOW_FIXTURE_LAUNCH_APP`).
+//! - `libfixture_tracer.so`, another interposer of `cublasSgemm_v2` that forwards with
+//!   dlsym(RTLD_NEXT), preloaded beside the shim (`QUANTSHADOW_FIXTURE_TRACER`).
 //!
 //! The C code is built with warnings as errors so a C mistake fails CI instead of scrolling by.
 
@@ -37,6 +39,8 @@ const LAUNCH_APP_SOURCES: &[&str] = &["tests/fixtures/fixture_launch_app.c"];
 const LAUNCH_HEADERS: &[&str] = &["tests/fixtures/fixture_launch.h"];
 const LAUNCH_LIBRARY: &str = "libfixture_launch.so";
 const LAUNCH_PROGRAM: &str = "fixture_launch_app";
+const TRACER_SOURCES: &[&str] = &["tests/fixtures/fixture_tracer.c"];
+const TRACER_LIBRARY: &str = "libfixture_tracer.so";
 /// Warnings added when the compiler knows them.
 const OPTIONAL_WARNINGS: &[&str] =
     &["-Wpedantic", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Wcast-qual"];
@@ -52,6 +56,7 @@ fn main() {
         .chain(LAUNCH_SOURCES)
         .chain(LAUNCH_APP_SOURCES)
         .chain(LAUNCH_HEADERS)
+        .chain(TRACER_SOURCES)
     {
         println!("cargo:rerun-if-changed={path}");
     }
@@ -75,7 +80,7 @@ fn main() {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
         // The shared libraries are LD_PRELOAD test vehicles: Linux only. Empty = not built.
         println!("cargo:warning=the fixture shared libraries are only built for Linux targets");
-        for var in ["BLAS", "VENDOR", "APP", "HOST", "LAUNCH", "LAUNCH_APP"] {
+        for var in ["BLAS", "VENDOR", "APP", "HOST", "LAUNCH", "LAUNCH_APP", "TRACER"] {
             println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_{var}=");
         }
         return;
@@ -122,6 +127,12 @@ fn main() {
         &["-ldl", "-lpthread"],
     );
     println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_LAUNCH_APP={}", launch_app.display());
+
+    build = c_build(TRACER_SOURCES, &warnings);
+    let tracer_objects = build.compile_intermediates();
+    let tracer = out_dir.join(TRACER_LIBRARY);
+    link(&build, &tracer_objects, &tracer, &shared_args(TRACER_LIBRARY), &["-ldl"]);
+    println!("cargo:rustc-env=QUANTSHADOW_FIXTURE_TRACER={}", tracer.display());
 }
 
 /// `-shared` with a soname, every symbol resolved at link time, RUNPATH $ORIGIN.

@@ -66,6 +66,21 @@ def main():
             results[f"scaled_mm_rowwise_m{m}"] = digest(y)
         except RuntimeError as e:
             results[f"scaled_mm_rowwise_m{m}"] = f"unsupported: {str(e).splitlines()[0]}"
+    # Activation scales made fresh for every call and freed at once, as a quantizing layer's are:
+    # a check that read the scale late (a rows/full reference on the side stream) would find the
+    # decoy allocated into its memory right after.
+    xq = (torch.randn(57, K, device=dev, generator=g) * 0.5).to(torch.float8_e4m3fn)
+    for i in range(6):
+        s = torch.tensor(1.0 + 0.25 * i, device=dev)
+        try:
+            y = torch._scaled_mm(xq, w_fp8.t(), scale_a=s, scale_b=scale_w, out_dtype=torch.bfloat16)
+        except RuntimeError as e:
+            results[f"scaled_mm_fresh_scale_{i}"] = f"unsupported: {str(e).splitlines()[0]}"
+            break
+        del s
+        decoy = torch.full((1,), 100.0, device=dev)
+        results[f"scaled_mm_fresh_scale_{i}"] = digest(y)
+        del decoy
     a, b = rand(8, 57, 256), rand(8, 256, 129)
     results["bmm_bf16"] = digest(torch.bmm(a, b))
 

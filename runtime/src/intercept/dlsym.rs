@@ -217,28 +217,30 @@ pub fn wrap(i: usize, p: *mut c_void, variants: bool) -> Option<*mut c_void> {
             return own_export(j);
         }
     }
-    if REAL_SLOTS[i].get().is_none() {
-        REAL_SLOTS[i].set(p);
+    // `set` fails when another thread filled the slot since `get` with a different function:
+    // our export would then forward elsewhere.
+    if REAL_SLOTS[i].get().is_none() && REAL_SLOTS[i].set(p) {
         return own_export(i);
     }
     None
 }
 
 /// Address range of one loaded object (its PT_LOAD segments).
-struct Loaded {
-    path: CString,
+pub(super) struct Loaded {
+    /// Empty for the main program.
+    pub(super) path: CString,
     start: usize,
     end: usize,
 }
 
 impl Loaded {
-    fn contains(&self, a: usize) -> bool {
+    pub(super) fn contains(&self, a: usize) -> bool {
         self.start <= a && a < self.end
     }
 }
 
-/// Every loaded object with its address range, in load order.
-fn loaded_ranges() -> Vec<Loaded> {
+/// Every loaded object with its address range, in load (link-map) order.
+pub(super) fn loaded_ranges() -> Vec<Loaded> {
     unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> i32 {
         // SAFETY: the loader passes a valid info whose phdr array has dlpi_phnum entries; data
         // is the Vec below.
