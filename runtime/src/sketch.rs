@@ -13,19 +13,20 @@
 //! estimate cosine, NMSE and norm ratio of the sampled rows.
 //!
 //! Defaults, and why (runtime/tests/sketch.rs checks each claim):
-//! - k = [`DEFAULT_PROBES`] = 16 (issue 3 asks for 8; `QUANTSHADOW_PROBES` takes 1-32). The
+//! - k = [`DEFAULT_PROBES`] = 32 (issue 3 asks for 8; `QUANTSHADOW_PROBES` takes 1-32). The
 //!   hard case is a low-rank error along a dense row (one token's activation scale wrong): its
 //!   squared projection on each probe is a scaled chi-square with one degree of freedom, so the
 //!   estimated error energy is chi2_k / k times the truth. Within a factor 2 that holds with
-//!   probability 94% at k = 16 (99% at k = 32, 82% at k = 8); an error 3x over a threshold is
-//!   estimated under it with probability ~0.6% at k = 16, and the next call's tokens draw anew.
-//!   Errors spread over many rows and columns (full rank, a wrong scale column, a wrong 128x128
-//!   block) average over rows and are within 25% already at k = 8. A magnitude error D = c Ref
-//!   is estimated exactly at any k (NMSE (c-1)^2, norm ratio c), so fn/fnuz confusion (c = 2) is
-//!   always flagged. Why 16 and not 32 (session 26, H100): the lean kernels take probes in
-//!   tiles of 16, and a second tile made the eager check's projections on the caller's stream
-//!   ~1 us longer (FP8 4096^3: 8.1 -> 7.3 us; bf16: 7.6 -> 6.6 us; k = 8 costs as much as 16).
-//!   Memory: W_R is K x k f32 per weight (256 KiB for K = 4096 at k = 16).
+//!   probability 99% at k = 32 (94% at k = 16, 82% at k = 8). Errors spread over many rows and
+//!   columns (full rank, a wrong scale column, a wrong 128x128 block) average over rows and are
+//!   within 25% already at k = 8. A magnitude error D = c Ref is estimated exactly at any k
+//!   (NMSE (c-1)^2, norm ratio c), so fn/fnuz confusion (c = 2) is always flagged. Why not 16
+//!   (the default of session 26, one tensor-core tile, ~1 us less per eager check of a 4096^3
+//!   GEMM): a single-row call (decode) has only k probe pairs, and its NMSE estimate is a ratio
+//!   of two such sums. Honest bf16 rounding at ~1/5 to 1/10 of the NMSE bound then crossed it
+//!   in 3 of 11 Llama runs at k = 16 (2 calls of a site each; 0 of 4 at k = 32, 0 of 17 before;
+//!   H100, session 27).
+//!   Memory: W_R is K x k f32 per weight (512 KiB for K = 4096 at k = 32).
 //! - rows per call = [`DEFAULT_ROWS_PER_CALL`] = 256: whole-tensor estimates from 256 rows
 //!   differ from the all-rows value by ~sqrt(2 / (256 N)) for row-independent errors; a single
 //!   bad row is caught in the call whose window contains it (ceil(M / 256) calls cover every
@@ -49,7 +50,7 @@ pub use crate::device::abi::QsResultSlot;
 use crate::device::abi::{status, MAX_PROBES, MAX_TOPK};
 
 /// Probes per sketch (k). See the module doc for the statistics behind the choice.
-pub const DEFAULT_PROBES: u32 = 16;
+pub const DEFAULT_PROBES: u32 = 32;
 /// Rows of D sketched per call when M is larger.
 pub const DEFAULT_ROWS_PER_CALL: u64 = 256;
 /// hash3 stream of the row permutation ("QS_PERM\0"), outside the probe streams 0..32.
