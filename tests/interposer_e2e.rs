@@ -77,13 +77,10 @@ fn a_tracer_preloaded_after_the_shim_sees_every_call_once() {
     traced_run("shim first", false);
 }
 
-/// Known defect (README, "Open"): with the tracer preloaded first, the shim takes the
-/// tracer's wrapper for the real function and the two call each other until the stack runs out.
-/// Looking real symbols up in RTLD_NEXT's order fixes it (verified on an H100 in session 27),
-/// but that change made `inject_e2e` lose a site's check now and then, for a reason not found
-/// yet, and was taken back.
+/// The shim must not take the tracer's wrapper, which forwards to the shim's export, for the
+/// real function: the two would call each other until the stack runs out (session 27 review,
+/// reproduced on an H100 with real cuBLAS).
 #[test]
-#[ignore = "known defect: a tracer preloaded before the shim recurses (README, Open)"]
 fn a_tracer_preloaded_before_the_shim_sees_every_call_once() {
     traced_run("tracer first", true);
 }

@@ -226,7 +226,8 @@ impl ScaleSpec {
     /// Entries a scale buffer must hold for `batch` items.
     pub fn required_entries(&self, outer_extent: u64, inner_extent: u64, batch: u64) -> u64 {
         let grid = self.granularity.grid(outer_extent, inner_extent);
-        (batch.max(1) - 1) * self.batch_stride + self.entries_per_item(grid)
+        // Saturating: the values may come from a record of someone else's process.
+        (batch.max(1) - 1).saturating_mul(self.batch_stride).saturating_add(self.entries_per_item(grid))
     }
 
     /// Entries needed for one batch item of a grid (padding of the swizzled layout included).
@@ -235,13 +236,15 @@ impl ScaleSpec {
         match self.storage {
             ScaleStorage::OuterMajor => {
                 let ld = if self.ld == 0 { gi } else { self.ld };
-                (go - 1) * ld + gi
+                go.saturating_sub(1).saturating_mul(ld).saturating_add(gi)
             }
             ScaleStorage::InnerMajor => {
                 let ld = if self.ld == 0 { go } else { self.ld };
-                (gi - 1) * ld + go
+                gi.saturating_sub(1).saturating_mul(ld).saturating_add(go)
             }
-            ScaleStorage::Swizzled128x4 => go.div_ceil(128) * gi.div_ceil(4) * 512,
+            ScaleStorage::Swizzled128x4 => {
+                go.div_ceil(128).saturating_mul(gi.div_ceil(4)).saturating_mul(512)
+            }
         }
     }
 }
@@ -636,6 +639,21 @@ impl fmt::Display for GemmProblem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scale_entry_counts_saturate_on_absurd_recorded_values() {
+        // Values from a record of someone else's process: no overflow panic, a count no
+        // buffer can hold.
+        for storage in [ScaleStorage::OuterMajor, ScaleStorage::InnerMajor, ScaleStorage::Swizzled128x4] {
+            let mut spec = ScaleSpec::new(ScaleGranularity::Mx32, Format::Ue8m0).with_storage(storage);
+            spec.ld = u64::MAX / 2;
+            spec.batch_stride = u64::MAX;
+            assert_eq!(spec.required_entries(u64::MAX, u64::MAX, 2), u64::MAX, "{storage:?}");
+            assert_eq!(spec.entries_per_item((0, 0)), 0, "{storage:?}: an empty grid");
+        }
+        let plain = ScaleSpec::new(ScaleGranularity::PerOuter, Format::F32);
+        assert_eq!(plain.required_entries(57, 96, 1), 57);
+    }
 
     #[test]
     fn swizzled_index_matches_cublas_tile_formula() {

@@ -102,13 +102,18 @@ impl ResultRing {
             std::ptr::write_unaligned(mapped.host as *mut QsRingHeader, header);
         }
         let ctl_bytes = std::mem::size_of::<QsRingCtl>();
-        let ctl = DeviceBuffer {
-            ptr: runtime.malloc(ctl_bytes)?,
-            bytes: ctl_bytes,
-            runtime: runtime.clone(),
-            block: None,
+        let ctl = runtime.malloc(ctl_bytes).and_then(|ptr| {
+            let ctl = DeviceBuffer { ptr, bytes: ctl_bytes, runtime: runtime.clone(), block: None };
+            runtime.copy_to_device_sync(ctl.ptr, &[0u8; std::mem::size_of::<QsRingCtl>()]).map(|()| ctl)
+        });
+        let ctl = match ctl {
+            Ok(ctl) => ctl,
+            Err(e) => {
+                // SAFETY: allocated above by this runtime and not shared yet.
+                let _ = unsafe { runtime.free_mapped(&mapped) };
+                return Err(e);
+            }
         };
-        runtime.copy_to_device_sync(ctl.ptr, &[0u8; std::mem::size_of::<QsRingCtl>()])?;
         Ok(ResultRing { runtime, mapped, ctl, capacity, consumed: 0, incomplete_since: None, torn: 0 })
     }
 
@@ -1157,7 +1162,13 @@ impl GpuChecker {
         // after a launch would go back to the pool while the kernel may still write it.
         let items = if g.b_batched() { g.batch } else { 1 };
         let wr_batch_stride = if items > 1 { g.k * kp as u64 } else { 0 };
-        let wr = self.alloc((items * g.k * kp as u64) as usize * 4)?;
+        // A batched B of absurd batch x K must not wrap into a small W_R the kernel overruns.
+        let wr_bytes = items
+            .checked_mul(g.k)
+            .and_then(|x| x.checked_mul(kp as u64 * 4))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| DeviceError::Unsupported(format!("W_R of {items} x {} x {kp} floats", g.k)))?;
+        let wr = self.alloc(wr_bytes)?;
         let snapshot = self.alloc(abi::WEIGHT_SAMPLES * 4)?;
         // Only while the lean check is on (a weight made with it off never takes it) and for
         // weights some call of which can take it. Zeroed where kp is not a whole number of

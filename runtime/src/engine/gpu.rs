@@ -845,7 +845,16 @@ impl GpuBackend {
         match done {
             Some(Ok(image)) if !capturing => {
                 self.checker.registry().install(self.runtime.as_ref(), build, &image).map_err(|e| {
-                    ProgramWait::Failed(Skip::new(format!("kernel load failed: {}", short(&e.to_string()))))
+                    // Kept as the build's outcome: the image has left `ready` and the build
+                    // stays in `pending`, so without it every later call would skip as still
+                    // compiling, for good.
+                    let e = format!("kernel load failed: {}", short(&e.to_string()));
+                    self.compiler
+                        .ready
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(build.clone(), Err(e.clone()));
+                    ProgramWait::Failed(Skip::new(e))
                 })?;
                 Ok(())
             }
