@@ -212,7 +212,8 @@ pub struct CollectStats {
     pub records: u64,
     /// Bytes handed to the run file (frame headers included).
     pub bytes: u64,
-    /// Distinct session ids seen.
+    /// Distinct session ids seen (at most `CATALOG_MAX_KEYS` are told apart; this and the next
+    /// two are lower bounds past it).
     pub sessions: u64,
     /// Distinct (session, site) pairs seen in observations.
     pub sites: u64,
@@ -262,6 +263,16 @@ struct Catalog {
     sessions: HashSet<u64>,
     sites: HashSet<(u64, u64)>,
     failing: HashSet<(u64, u64)>,
+}
+
+/// Keys each catalog set holds at most (tens of MB): the counts feed the status line only (the
+/// report reads the run file), and a client sending a new session or site id with every record
+/// must not grow the collector's memory without bound. Past it, counts are lower bounds.
+const CATALOG_MAX_KEYS: usize = 1 << 20;
+
+/// Inserts `v` unless `set` already holds `cap` keys; whether it was new and inserted.
+fn insert_capped<T: std::hash::Hash + Eq>(set: &mut HashSet<T>, v: T, cap: usize) -> bool {
+    set.len() < cap && set.insert(v)
 }
 
 struct Shared {
@@ -641,19 +652,19 @@ struct LocalCatalog {
 impl LocalCatalog {
     fn note(&mut self, rec: &Record, thresholds: &Thresholds) {
         let session = rec.session_id();
-        if self.seen.sessions.insert(session) {
+        if insert_capped(&mut self.seen.sessions, session, CATALOG_MAX_KEYS) {
             self.new_sessions.push(session);
         }
         if let Record::Observation(o) = rec {
             let key = (o.session_id, o.site_id);
-            if self.seen.sites.insert(key) {
+            if insert_capped(&mut self.seen.sites, key, CATALOG_MAX_KEYS) {
                 self.new_sites.push(key);
             }
             // The report's rules: the metrics, and the logits of an LM head.
             let class = o.problem.class();
             let failing = o.metrics.as_ref().is_some_and(|m| !thresholds.judge(class, m).is_empty())
                 || o.logits.as_ref().is_some_and(|l| thresholds.judge_logits(class, l).is_some());
-            if failing && self.seen.failing.insert(key) {
+            if failing && insert_capped(&mut self.seen.failing, key, CATALOG_MAX_KEYS) {
                 self.new_failing.push(key);
             }
         }
@@ -664,9 +675,15 @@ impl LocalCatalog {
             return;
         }
         let mut c = shared.lock().unwrap_or_else(|e| e.into_inner());
-        c.sessions.extend(self.new_sessions.drain(..));
-        c.sites.extend(self.new_sites.drain(..));
-        c.failing.extend(self.new_failing.drain(..));
+        for v in self.new_sessions.drain(..) {
+            insert_capped(&mut c.sessions, v, CATALOG_MAX_KEYS);
+        }
+        for v in self.new_sites.drain(..) {
+            insert_capped(&mut c.sites, v, CATALOG_MAX_KEYS);
+        }
+        for v in self.new_failing.drain(..) {
+            insert_capped(&mut c.failing, v, CATALOG_MAX_KEYS);
+        }
     }
 }
 
@@ -828,4 +845,20 @@ fn writer_loop(mut w: RunWriter, rx: Receiver<FrameBatch>, shared: &Shared) -> R
         fail(e);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_sets_stop_growing_at_their_cap() {
+        let mut set = HashSet::new();
+        assert!(insert_capped(&mut set, 1u64, 3));
+        assert!(!insert_capped(&mut set, 1u64, 3), "already there");
+        assert!(insert_capped(&mut set, 2u64, 3));
+        assert!(insert_capped(&mut set, 3u64, 3));
+        assert!(!insert_capped(&mut set, 4u64, 3), "full");
+        assert_eq!(set.len(), 3);
+    }
 }

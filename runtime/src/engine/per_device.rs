@@ -10,7 +10,7 @@
 
 use super::backend::{Backend, CheckRequest, InjectRequest, Injected, Polled, PreCall};
 use crate::intercept::Skip;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// What [`PerDevice`] needs from the vendor runtime, apart from starting backends.
@@ -31,6 +31,11 @@ pub struct PerDevice<B: Backend> {
     /// Devices whose backend failed to start, with the reason (not retried: the same error
     /// would come back at every call).
     failed: Mutex<HashMap<i32, String>>,
+    /// Devices whose backend one thread is starting now. Starting allocates the pool, loads
+    /// kernels and spawns a thread: no lock is held meanwhile, so the other devices' calls
+    /// and the poller go on, and this device's other threads pass through (counted) instead
+    /// of waiting.
+    starting: Mutex<HashSet<i32>>,
     /// (name, arch) of the first device started, for the session record.
     first_device: Mutex<Option<(String, String)>>,
 }
@@ -48,6 +53,7 @@ impl<B: Backend + 'static> PerDevice<B> {
             start,
             devices: RwLock::new(HashMap::new()),
             failed: Mutex::new(HashMap::new()),
+            starting: Mutex::new(HashSet::new()),
             first_device: Mutex::new(Some(first.device())),
         };
         per.devices.write().unwrap_or_else(|e| e.into_inner()).insert(ordinal, Arc::new(first));
@@ -74,15 +80,34 @@ impl<B: Backend + 'static> PerDevice<B> {
         if stream != 0 && self.probe.is_capturing(stream) {
             return Err(Skip::new("graph capture: device not set up before the capture"));
         }
-        let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(b) = devices.get(&ordinal) {
-            return Ok(b.clone()); // another thread of this device started it meanwhile
+        {
+            let mut starting = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+            // Another thread of this device may have finished (or failed) meanwhile.
+            if let Some(b) = self.devices.read().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
+                return Ok(b.clone());
+            }
+            if let Some(reason) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
+                return Err(Skip::new(format!("no backend on this device: {reason}")));
+            }
+            if !starting.insert(ordinal) {
+                return Err(Skip::new("device set-up: another thread is starting this device's backend"));
+            }
         }
+        // The marker goes when this scope ends, a panic in the start included: the backend (or
+        // the failure) is in place by then, so a thread that finds neither and no marker may
+        // start it again, never two at once.
+        struct Starting<'a>(&'a Mutex<HashSet<i32>>, i32);
+        impl Drop for Starting<'_> {
+            fn drop(&mut self) {
+                self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.1);
+            }
+        }
+        let _marker = Starting(&self.starting, ordinal);
         match (self.start)(ordinal) {
             Ok(b) => {
                 super::log::info(&format!("{} backend started on device {ordinal}", self.name));
                 let b = Arc::new(b);
-                devices.insert(ordinal, b.clone());
+                self.devices.write().unwrap_or_else(|e| e.into_inner()).insert(ordinal, b.clone());
                 Ok(b)
             }
             Err(e) => {
@@ -325,12 +350,17 @@ mod tests {
         // The probe's "current device" is process-wide in this fake: take turns per device.
         for ordinal in 0..4 {
             current.store(ordinal, Ordering::Relaxed);
+            let skipped = Arc::new(AtomicU64::new(0));
             let handles: Vec<_> = (0..4)
                 .map(|_| {
-                    let per = per.clone();
+                    let (per, skipped) = (per.clone(), skipped.clone());
                     std::thread::spawn(move || {
                         for _ in 0..25 {
-                            after(&per, 11).unwrap();
+                            // A call while another thread starts the device passes through.
+                            if let Err(s) = after(&per, 11) {
+                                assert!(s.0.contains("another thread is starting"), "{}", s.0);
+                                skipped.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     })
                 })
@@ -338,11 +368,71 @@ mod tests {
             for h in handles {
                 h.join().unwrap();
             }
+            let got = served(&per);
+            assert_eq!(got.len() as u64 + skipped.load(Ordering::Relaxed), 100, "device {ordinal}");
+            assert!(got.iter().all(|&o| o == ordinal as u32));
         }
         assert_eq!(per.started(), [0, 1, 2, 3]);
-        let got = served(&per);
-        for ordinal in 0..4u32 {
-            assert_eq!(got.iter().filter(|&&o| o == ordinal).count(), 100);
-        }
+    }
+
+    #[test]
+    fn a_slow_start_blocks_neither_the_device_s_other_threads_nor_other_devices() {
+        // Device 1's backend start waits until the test lets it finish. Meanwhile another call
+        // of device 1 passes through at once, and the poller (every device) is served.
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (entered_tx, release_rx) = (Mutex::new(entered_tx), Mutex::new(release_rx));
+        let current = Arc::new(AtomicI32::new(0));
+        let per = Arc::new(
+            PerDevice::start(
+                "fake",
+                Box::new(Probe { current: current.clone(), capturing: Arc::new(AtomicBool::new(false)) }),
+                Box::new(move |ordinal| {
+                    if ordinal == 1 {
+                        entered_tx.lock().unwrap().send(()).unwrap();
+                        release_rx.lock().unwrap().recv().unwrap();
+                    }
+                    Ok(Fake { ordinal, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
+                }),
+            )
+            .unwrap(),
+        );
+        current.store(1, Ordering::Relaxed);
+        let starter = {
+            let per = per.clone();
+            std::thread::spawn(move || after(&per, 3))
+        };
+        entered_rx.recv().unwrap(); // the start is running
+        let skip = after(&per, 3).unwrap_err();
+        assert!(skip.0.contains("another thread is starting"), "{}", skip.0);
+        let mut out = vec![];
+        per.poll(&mut out);
+        assert!(!starter.is_finished());
+        release_tx.send(()).unwrap();
+        starter.join().unwrap().unwrap();
+        assert_eq!(per.started(), [0, 1]);
+        after(&per, 3).unwrap();
+    }
+
+    #[test]
+    fn a_start_that_panics_leaves_the_device_startable() {
+        let current = Arc::new(AtomicI32::new(1));
+        let tries = Arc::new(AtomicU64::new(0));
+        let t = tries.clone();
+        let per = PerDevice::start(
+            "fake",
+            Box::new(Probe { current: current.clone(), capturing: Arc::new(AtomicBool::new(false)) }),
+            Box::new(move |ordinal| {
+                if ordinal == 2 && t.fetch_add(1, Ordering::Relaxed) == 0 {
+                    panic!("first start of device 2");
+                }
+                Ok(Fake { ordinal, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
+            }),
+        )
+        .unwrap();
+        current.store(2, Ordering::Relaxed);
+        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| after(&per, 3))).is_err());
+        after(&per, 3).unwrap();
+        assert_eq!(per.started(), [1, 2]);
     }
 }
