@@ -790,12 +790,24 @@ pub fn served_by(seen: &[(u8, usize)]) -> Option<String> {
         if handle == 0 {
             continue;
         }
-        let mut cache = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-        let map = cache.get_or_insert_with(Default::default);
-        let name = match map.get(&(code, handle)) {
-            Some(n) => n.clone(),
+        // The vendor's name query runs outside the lock, which every watched BLAS call of
+        // every thread takes. Once the map is full, new handles go unnamed rather than cost a
+        // driver query per call.
+        let cached = {
+            let mut cache = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+            let map = cache.get_or_insert_with(Default::default);
+            match map.get(&(code, handle)) {
+                Some(n) => Some(n.clone()),
+                None if map.len() >= SERVED_NAMES_CAP => Some(None),
+                None => None,
+            }
+        };
+        let name = match cached {
+            Some(n) => n,
             None => {
                 let (n, _) = kernel_name(api, handle as *mut c_void, 0);
+                let mut cache = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+                let map = cache.get_or_insert_with(Default::default);
                 if map.len() < SERVED_NAMES_CAP {
                     map.insert((code, handle), n.clone());
                 }
