@@ -159,13 +159,27 @@ pub fn set_paused(paused: bool) -> bool {
     PAUSED.swap(paused, Ordering::Relaxed)
 }
 
+/// Whether this process is a fork() child of one whose engine was starting or started: every
+/// hook passes straight through there (the parent's threads, and any lock they held, are gone).
+pub fn in_forked_child() -> bool {
+    FORKED_CHILD.load(Ordering::Relaxed)
+}
+
+/// Whether the fork handler is registered (before the engine starts, not after: a child forked
+/// while another thread is inside the start would otherwise wait forever for a start that no
+/// thread of it runs).
+static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
+
 /// The engine, started on first use; None when off, failed to start, or in a forked child.
 pub fn engine() -> Option<&'static Engine> {
-    let e = ENGINE.get_or_init(Engine::start).as_ref()?;
+    if !ATFORK_REGISTERED.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a plain extern "C" function that stores one atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    }
     if FORKED_CHILD.load(Ordering::Relaxed) {
         return None;
     }
-    Some(e)
+    ENGINE.get_or_init(Engine::start).as_ref()
 }
 
 /// Counts a skip reason in the running engine's closing record (work outside a GEMM call:
@@ -390,10 +404,10 @@ impl Engine {
             policy_facts,
             policy_seen: Mutex::new(Default::default()),
         };
-        // SAFETY: register plain extern "C" functions (run once at exit / in fork children).
+        // SAFETY: registers a plain extern "C" function (run once at exit). The fork handler is
+        // registered before the start (`engine`).
         unsafe {
             libc::atexit(at_exit);
-            libc::pthread_atfork(None, None, Some(after_fork_in_child));
         }
         Some(engine)
     }

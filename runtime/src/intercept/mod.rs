@@ -157,6 +157,9 @@ impl Drop for HookGuard {
 
 /// The body of every export: guard, catch_unwind, exactly one real call.
 pub fn guarded(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i32 {
+    if crate::engine::in_forked_child() {
+        return real(); // locks the parent's threads held at fork() may never be released
+    }
     let Some(_guard) = HookGuard::enter() else {
         return real();
     };
@@ -289,6 +292,9 @@ pub fn note_nested_launch(api: u8, handle: usize) {
 /// by a library inside another hooked call) still enters the body, marked nested, so that the
 /// outer call can learn which kernel served it; the body forwards it at once.
 pub fn guarded_launch(body: impl FnOnce(&RealCall) -> i32, real: &dyn Fn() -> i32) -> i32 {
+    if crate::engine::in_forked_child() {
+        return real(); // as in `guarded`
+    }
     let guard = HookGuard::enter();
     let nested = guard.is_none();
     if nested {
