@@ -983,9 +983,31 @@ impl QsScalar {
             on_device: 0,
         })
     }
+
+    /// The device address the value is read from, if it is read from the device.
+    pub fn device_ptr(&self) -> Option<u64> {
+        (self.on_device != 0 && self.ptr != 0).then_some(self.ptr)
+    }
 }
 
 impl QsGemmDesc {
+    /// The call's scalars in the order of a snapshot header's (`QsSnapHeader::scalars`): alpha,
+    /// A's and B's tensor scales, beta, d_scale.
+    pub fn scalars(&self) -> [&QsScalar; 5] {
+        [&self.alpha, &self.a_tensor_scale, &self.b_tensor_scale, &self.beta, &self.d_scale]
+    }
+
+    /// [`Self::scalars`], to rewrite.
+    pub fn scalars_mut(&mut self) -> [&mut QsScalar; 5] {
+        [
+            &mut self.alpha,
+            &mut self.a_tensor_scale,
+            &mut self.b_tensor_scale,
+            &mut self.beta,
+            &mut self.d_scale,
+        ]
+    }
+
     /// The sketch check's view of the call: a tensor-wise f32 A scale (FP8 `_scaled_mm`) becomes
     /// the A tensor scalar, applied once to the projection instead of to every element of A. The
     /// product is the same; the per-element path costs a scale lookup per 8 elements and a split

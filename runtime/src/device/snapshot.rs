@@ -186,17 +186,14 @@ impl SnapshotLayout {
         let (a_bits, d_bits) = (bits_of(g.a.format).ok()?, bits_of(g.d.format).ok()?);
         let (a_rs, _) = g.a.op_strides();
         let scalar = |s: &QsScalar| -> Option<(u64, u32)> {
-            if s.on_device != 0 && s.ptr != 0 {
-                Some((s.ptr, bits_of(s.format).ok()? as u32))
-            } else {
-                Some((0, 0))
+            match s.device_ptr() {
+                Some(ptr) => Some((ptr, bits_of(s.format).ok()? as u32)),
+                None => Some((0, 0)),
             }
         };
         let mut scalar_ptr = [0u64; 5];
         let mut scalar_bits = [0u32; 5];
-        for (i, s) in
-            [&g.alpha, &g.a_tensor_scale, &g.b_tensor_scale, &g.beta, &g.d_scale].into_iter().enumerate()
-        {
+        for (i, s) in g.scalars().into_iter().enumerate() {
             (scalar_ptr[i], scalar_bits[i]) = scalar(s)?;
         }
         let (a_bytes, d_bytes) = (g.k * a_bits / 8, g.n * d_bits / 8);

@@ -486,11 +486,14 @@ struct SideWaits {
 const PER_THREAD_STREAM: Stream = Stream(0x2);
 
 impl SideWaits {
+    /// Whether the side stream waits, and would wait, for `stream` alone.
+    fn alone(&self, stream: Stream) -> bool {
+        !self.mixed && stream != PER_THREAD_STREAM && self.stream.is_none_or(|s| s == stream)
+    }
+
     /// Notes that side-stream work now waits for `stream`.
     fn side_waits_for(&mut self, stream: Stream) {
-        if stream == PER_THREAD_STREAM || self.stream.is_some_and(|s| s != stream) {
-            self.mixed = true;
-        }
+        self.mixed = !self.alone(stream);
         self.stream.get_or_insert(stream);
     }
 
@@ -498,9 +501,9 @@ impl SideWaits {
     /// other caller stream. Notes `stream` then (its split finishing will wait for it); a
     /// refused stream puts nothing on the side stream and is not noted.
     fn may_wait_on_side(&mut self, stream: Stream) -> bool {
-        let alone = !self.mixed && stream != PER_THREAD_STREAM && self.stream.is_none_or(|s| s == stream);
+        let alone = self.alone(stream);
         if alone {
-            self.stream = Some(stream);
+            self.side_waits_for(stream);
         }
         alone
     }
@@ -1710,9 +1713,8 @@ impl GpuBackend {
         }
         let mut g = QsGemmDesc::from_problem(p, &out)
             .map_err(|e| Skip::new(format!("descriptor: {}", short(&e.to_string()))))?;
-        let scalars =
-            [&mut g.alpha, &mut g.a_tensor_scale, &mut g.b_tensor_scale, &mut g.beta, &mut g.d_scale];
-        if scalars.iter().any(|x| x.on_device != 0 && x.ptr != 0) {
+        let scalars = g.scalars_mut();
+        if scalars.iter().any(|x| x.device_ptr().is_some()) {
             if sc.scalars.is_none() {
                 sc.scalars =
                     Some(self.checker.alloc(8 * scalars.len()).map_err(|e| {
@@ -1722,8 +1724,8 @@ impl GpuBackend {
             let base = sc.scalars.as_ref().expect("allocated above").ptr;
             for (i, x) in scalars.into_iter().enumerate() {
                 let width = crate::formats::Format::from_u8(x.format as u8).map_or(0, |f| f.bytes_for(1));
-                if x.on_device != 0 && x.ptr != 0 && (1..=8).contains(&width) {
-                    plan.push((base + 8 * i as u64, x.ptr, width));
+                if let Some(src) = x.device_ptr().filter(|_| (1..=8).contains(&width)) {
+                    plan.push((base + 8 * i as u64, src, width));
                     x.ptr = base + 8 * i as u64;
                 }
             }

@@ -13,24 +13,7 @@ use std::ffi::{c_void, CStr, CString};
 
 /// Paths of the loaded objects (the main program, with an empty name, excluded), in load order.
 pub fn loaded_objects() -> Vec<CString> {
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> i32 {
-        // SAFETY: the loader passes a valid info; data is the Vec below.
-        unsafe {
-            let out = &mut *(data as *mut Vec<CString>);
-            let name = (*info).dlpi_name;
-            if !name.is_null() {
-                let name = CStr::from_ptr(name);
-                if !name.to_bytes().is_empty() {
-                    out.push(name.to_owned());
-                }
-            }
-        }
-        0
-    }
-    let mut out: Vec<CString> = Vec::new();
-    // SAFETY: the callback only appends to `out`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut Vec<CString> as *mut c_void) };
-    out
+    loaded_ranges().into_iter().map(|o| o.path).filter(|p| !p.as_bytes().is_empty()).collect()
 }
 
 /// The real `name`: the first object that defines it in [`first_hit`]'s order, else RTLD_NEXT.
