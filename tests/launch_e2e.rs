@@ -370,3 +370,31 @@ fn a_spec_that_does_not_fit_disables_itself_with_one_line_and_a_counted_skip() {
     assert_eq!(skip[0].count, 1, "the spec is used once, then never again: {:?}", c.skipped);
     assert_eq!(c.checked, 0);
 }
+
+#[test]
+fn a_kernel_handle_reused_after_a_module_unload_is_named_again() {
+    // The gemm_bf16 spec must not follow its handle to the next module's elementwise kernel:
+    // decoding three arguments as the GEMM's ten would read past the caller's argument array.
+    let specs = specs_dir("specs");
+    let dir = tempfile::tempdir().unwrap();
+    let listing_path = dir.path().join("k.json");
+    let plain = app("reload", &[], false);
+    assert!(stdout(&plain).contains("same handle: yes"), "{}", stdout(&plain));
+    let (out, records) = checked_run(
+        dir.path(),
+        "reload",
+        &[("QUANTSHADOW_SPECS", &specs), ("QUANTSHADOW_KERNELS_OUT", listing_path.to_str().unwrap())],
+    );
+    let shim_lines = lines(&out);
+    assert_eq!(value(&shim_lines, "proc cuModuleUnload"), "libquantshadow.so", "the unload reaches our hook");
+    let results = |o: &Output| {
+        stdout(o).lines().filter(|l| !l.starts_with("proc ")).map(String::from).collect::<Vec<_>>()
+    };
+    assert_eq!(results(&out), results(&plain), "results changed under the shim");
+    let c = closing(&records);
+    assert_eq!((c.calls_seen, c.checked), (1, 1), "only the GEMM launch is a GEMM: {:?}", c.skipped);
+    let l = listing(&listing_path);
+    assert_eq!(kernel(&l, "qs_fixture_gemm_bf16").calls, 1, "{l:?}");
+    let ew = kernel(&l, "qs_fixture_elementwise");
+    assert_eq!((ew.calls, ew.spec.is_some()), (2, false), "{l:?}");
+}

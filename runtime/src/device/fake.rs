@@ -41,6 +41,8 @@ pub struct FakeRuntime {
     /// What `event_done` answers under `with_kernels`.
     pub events_done: std::sync::atomic::AtomicBool,
     events: AtomicU64,
+    /// Launches of functions whose name contains this fail (nothing is logged for them).
+    pub fail_launches_of: Mutex<Option<String>>,
 }
 
 /// The side stream `with_kernels` creates.
@@ -207,17 +209,18 @@ impl GpuRuntime for FakeRuntime {
                 .cloned()
                 .unwrap_or_else(|| format!("function {}", f.0))
         };
+        let failing = self.fail_launches_of.lock().unwrap_or_else(|e| e.into_inner());
+        if failing.as_ref().is_some_and(|part| name.contains(part.as_str())) {
+            return Err(DeviceError::Unsupported(format!("launch of {name} refused (fake)")));
+        }
+        drop(failing);
         self.note(format!("launch {name} {}x{}x{} on {}", g[0], g[1], g[2], st.0))
     }
     fn is_capturing(&self, _s: Stream) -> Result<bool, DeviceError> {
         Ok(false)
     }
-    fn synchronize(&self, _s: Stream) -> Result<(), DeviceError> {
-        if self.kernels {
-            Ok(())
-        } else {
-            unsupported()
-        }
+    fn synchronize(&self, s: Stream) -> Result<(), DeviceError> {
+        self.note(format!("synchronize {}", s.0))
     }
     fn create_side_stream(&self) -> Result<Stream, DeviceError> {
         if self.kernels {

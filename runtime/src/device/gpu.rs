@@ -12,7 +12,9 @@ use super::abi::{
 };
 use super::pool::{DevicePool, PoolBlock};
 use super::registry::{KernelRegistry, LoadedProgram};
-use super::{DeviceError, DeviceInfo, DevicePtr, GpuRuntime, LaunchOrder, MappedHost, Stream};
+use super::{
+    DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Stream,
+};
 use crate::formats::Format;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -314,6 +316,52 @@ pub struct GpuChecker {
     ring_desc: Mutex<abi::QsRingDesc>,
     /// The entries of each sketch program, resolved once (see [`SketchEntries`]).
     sketch_entries: Mutex<HashMap<SketchProgramKey, SketchEntries>>,
+    /// Buffers that work already queued may still write after the set-up that made them failed
+    /// (see [`HeldBuffers`]).
+    held: Mutex<HeldBuffers>,
+}
+
+/// Buffers a failed set-up leaves to work it had already queued on a stream: each set goes back
+/// to the pool once an event recorded behind that work is done, found by a query at a later
+/// hold or set-up, never by waiting (the stream is the caller's).
+#[derive(Default)]
+struct HeldBuffers {
+    pending: Vec<(Event, Vec<DeviceBuffer>)>,
+    /// Events whose buffers went back, for the next hold.
+    spare: Vec<Event>,
+}
+
+/// Sets held at most; past it (a device that refuses launch after launch) a set is never
+/// returned to the pool, which stays bounded by its reservation.
+const HELD_MAX: usize = 64;
+
+impl HeldBuffers {
+    /// Returns the sets whose work has run to the pool.
+    fn release_done(&mut self, runtime: &dyn GpuRuntime) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            if runtime.event_done(self.pending[i].0).unwrap_or(false) {
+                let (event, _buffers) = self.pending.swap_remove(i);
+                self.spare.push(event);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Keeps `buffers` until the work queued on `stream` so far has run.
+    fn hold(&mut self, runtime: &dyn GpuRuntime, stream: Stream, buffers: Vec<DeviceBuffer>) {
+        self.release_done(runtime);
+        if self.pending.len() < HELD_MAX {
+            let event = self.spare.pop().map_or_else(|| runtime.create_sync_event(), Ok);
+            if let Ok(e) = event.and_then(|e| runtime.record_event(e, stream).map(|()| e)) {
+                self.pending.push((e, buffers));
+                return;
+            }
+        }
+        // No way to tell when that work has run: these blocks are never reused.
+        std::mem::forget(buffers);
+    }
 }
 
 /// Where sketch checks may take the lean kernel (`QUANTSHADOW_SKETCH_LEAN`).
@@ -621,6 +669,7 @@ impl GpuChecker {
             ring_desc: Mutex::new(ring.desc()),
             ring: Mutex::new(ring),
             sketch_entries: Mutex::new(HashMap::new()),
+            held: Mutex::default(),
         };
         checker.apply(choices);
         Ok(checker)
@@ -756,6 +805,12 @@ impl GpuChecker {
         &self.runtime
     }
 
+    /// Buffer sets a failed set-up left held behind queued work ([`HeldBuffers`]).
+    #[cfg(test)]
+    pub(crate) fn held_sets(&self) -> usize {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).pending.len()
+    }
+
     pub fn program(&self, build: &KernelBuild) -> Result<Arc<LoadedProgram>, DeviceError> {
         self.registry.program(self.runtime.as_ref(), build)
     }
@@ -801,6 +856,17 @@ impl GpuChecker {
         stream: Stream,
     ) -> Result<(), DeviceError> {
         let function = self.program(build)?.function(entry)?;
+        self.launch_function(function, config, params, stream)
+    }
+
+    /// Launches `function`, an entry whose single by-value parameter is a `P`.
+    fn launch_function<P: KernelParams>(
+        &self,
+        function: Function,
+        config: &LaunchConfig,
+        params: &P,
+        stream: Stream,
+    ) -> Result<(), DeviceError> {
         let mut param_ptrs = [params as *const P as *mut c_void];
         // SAFETY: every kernel of the ABI takes exactly one parameter of type P (abi.rs pins
         // the entry -> params pairing) and P is plain data the driver copies at launch.
@@ -1151,6 +1217,12 @@ impl GpuChecker {
         let b = format_of(g.b.format)?;
         let kp = abi::padded_probes(k).map_err(abi_err)?;
         let build = KernelBuild::sketch_kp(a, b, d, kp).map_err(abi_err)?;
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).release_done(self.runtime.as_ref());
+        // Both kernels resolved before the first launch: once the prep kernel is queued, only the
+        // driver can still refuse the second.
+        let program = self.program(&build)?;
+        let prep_fn = program.function("qs_sketch_prep")?;
+        let wproj_fn = program.function(&format!("qs_sketch_wproj_{}", b.name()))?;
         let signs = self.alloc(g.n as usize * 4)?;
         let rsum = self.alloc(abi::MAX_PROBES * 8)?;
         let bproj = self.alloc(abi::MAX_PROBES * 8)?;
@@ -1193,7 +1265,7 @@ impl GpuChecker {
             k,
             reserved: 0,
         };
-        self.launch(&build, "qs_sketch_prep", &prep_cfg, &prep, stream)?;
+        self.launch_function(prep_fn, &prep_cfg, &prep, stream)?;
         let wproj = QsWprojParams {
             b: g.b,
             b_scale: g.b_scale,
@@ -1208,10 +1280,12 @@ impl GpuChecker {
             snapshot_ptr: snapshot.ptr,
             frag_ptr: wfrag.as_ref().map_or(0, |b| b.ptr),
         };
-        if let Err(e) = self.launch(&build, &format!("qs_sketch_wproj_{}", b.name()), &cfg, &wproj, stream) {
+        if let Err(e) = self.launch_function(wproj_fn, &cfg, &wproj, stream) {
             // The prep kernel is queued and writes the signs, sums and its scratch: they go back
-            // to the pool only once it has run (set-up code, never inside a capture).
-            let _ = self.runtime.synchronize(stream);
+            // to the pool only once it has run, found later without waiting on the caller's
+            // stream. W_R and the rest were never written.
+            let queued = vec![signs, rsum, bproj, partials, counter, status];
+            self.held.lock().unwrap_or_else(|e| e.into_inner()).hold(self.runtime.as_ref(), stream, queued);
             return Err(e);
         }
         Ok(SketchWeight {

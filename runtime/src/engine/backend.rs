@@ -181,6 +181,9 @@ pub trait Backend: Send + Sync {
     fn capture_ending(&self, _stream: u64) -> Option<(u64, u64)> {
         None
     }
+    /// `stream` is about to be destroyed: forget every use of its handle (called before the
+    /// real destroy, on the destroying thread, whatever device is current there).
+    fn stream_destroyed(&self, _stream: u64) {}
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

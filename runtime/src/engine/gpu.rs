@@ -2184,6 +2184,18 @@ impl Backend for GpuBackend {
         self.poll_diagnoses(diagnosis_slots, out);
     }
 
+    fn stream_destroyed(&self, stream: u64) {
+        let stream = Stream(stream);
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        for site in sites.values_mut() {
+            // Its checks' events can no longer be recorded there: the projection is kept when
+            // replaced instead (as for one used from too many streams).
+            if site.weight_streams.as_ref().is_some_and(|s| s.contains(&stream)) {
+                site.weight_streams = None;
+            }
+        }
+    }
+
     fn capture_ending(&self, stream: u64) -> Option<(u64, u64)> {
         let stream = Stream(stream);
         let captured = self.runtime.capture_graph(stream);
@@ -2481,6 +2493,100 @@ mod tests {
         let fused_2_34 = run(SplitUse::Large, (4096, 2048, 1024), 1, None);
         assert!(fused_2_34[0].starts_with("launch qs_sketch_lean_"), "{fused_2_34:?}");
         assert_eq!(run(SplitUse::Large, (4096, 4096, 1024), 1, None), [split_into(0)]);
+    }
+
+    #[test]
+    fn a_destroyed_stream_is_never_handed_to_the_driver_again() {
+        // A site checked on streams 7 and 9 remembers both for its projection's retirement.
+        // Once stream 7 is destroyed, replacing the projection records no event there (the
+        // handle is dead, or another stream's): the old projection is kept instead.
+        use crate::problem::{GemmBuffers, GemmProblem};
+        let replace_after = |destroy: Option<u64>| -> Vec<String> {
+            let rt = Arc::new(FakeRuntime::with_kernels());
+            let mut settings = fake_settings();
+            settings.pool_bytes = 64 << 20;
+            let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+            let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
+            let (m, n, k) = (16, 256, 512);
+            let mut call = crate::intercept::InterceptedGemm {
+                entry: "cublasGemmEx",
+                problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+                buffers: GemmBuffers {
+                    a: alloc(m * k),
+                    b: alloc(k * n),
+                    d: alloc(m * n),
+                    ..Default::default()
+                },
+                stream: 7,
+                pointer_arrays: None,
+            };
+            let thresholds = crate::thresholds::Thresholds::default();
+            let mut check = |seq: u64, stream: u64| {
+                call.stream = stream;
+                let req = CheckRequest { call_seq: seq, ..CheckRequest::sketch_for_test(&call, &thresholds) };
+                backend
+                    .after_call(&req, PreCall::default())
+                    .unwrap_or_else(|s| panic!("call {seq}: {}", s.0));
+                req.site_id
+            };
+            check(0, 7);
+            let site = check(1, 9);
+            if let Some(s) = destroy {
+                backend.stream_destroyed(s);
+            }
+            // The device reported B changed: the next call re-projects and retires the old one.
+            backend.weight_changes.lock().unwrap().insert(site, 1);
+            rt.take_log();
+            check(2, 9);
+            rt.take_log().into_iter().filter(|l| l.starts_with("record")).collect()
+        };
+        let kept = replace_after(None);
+        assert!(kept.iter().any(|l| l.ends_with(" on 7")), "retired behind both streams: {kept:?}");
+        assert!(kept.iter().any(|l| l.ends_with(" on 9")), "{kept:?}");
+        let after_destroy = replace_after(Some(7));
+        assert!(!after_destroy.iter().any(|l| l.ends_with(" on 7")), "{after_destroy:?}");
+        // Another stream's destruction changes nothing.
+        assert_eq!(replace_after(Some(11)), kept);
+    }
+
+    #[test]
+    fn a_weight_set_up_failing_after_its_first_launch_never_waits_on_the_stream() {
+        // The prep kernel is queued when the W_R launch is refused: its buffers are held behind
+        // an event on the caller's stream (no synchronisation there) and go back to the pool
+        // once a later set-up finds that event done.
+        use crate::problem::{GemmBuffers, GemmProblem};
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
+        let (m, n, k) = (16, 256, 512);
+        let call = crate::intercept::InterceptedGemm {
+            entry: "cublasGemmEx",
+            problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+            buffers: GemmBuffers { a: alloc(m * k), b: alloc(k * n), d: alloc(m * n), ..Default::default() },
+            stream: 7,
+            pointer_arrays: None,
+        };
+        let thresholds = crate::thresholds::Thresholds::default();
+        let req = CheckRequest::sketch_for_test(&call, &thresholds);
+        // Compile and load first (a synchronous compile may synchronise; it is not the point).
+        *rt.fail_launches_of.lock().unwrap() = Some("qs_sketch_wproj".into());
+        let _ = backend.after_call(&req, PreCall::default());
+        rt.take_log();
+        let skip = backend.after_call(&req, PreCall::default()).expect_err("W_R launch refused");
+        assert!(skip.0.contains("sketch set-up"), "{}", skip.0);
+        let log = rt.take_log();
+        assert!(!log.iter().any(|l| l.starts_with("synchronize")), "{log:?}");
+        let prep = log.iter().position(|l| l.starts_with("launch qs_sketch_prep")).expect("prep queued");
+        assert!(log[prep + 1..].iter().any(|l| l.starts_with("record") && l.ends_with(" on 7")), "{log:?}");
+        assert_eq!(backend.checker.held_sets(), 2, "both failed set-ups hold their buffers");
+        // The prep kernels have run: the next set-up returns their buffers, and checks go on.
+        rt.events_done.store(true, Ordering::SeqCst);
+        *rt.fail_launches_of.lock().unwrap() = None;
+        backend.after_call(&req, PreCall::default()).unwrap_or_else(|s| panic!("{}", s.0));
+        assert_eq!(backend.checker.held_sets(), 0);
+        assert!(!rt.take_log().iter().any(|l| l.starts_with("synchronize")));
     }
 
     #[test]

@@ -134,7 +134,58 @@ pub const LATE_AT_EXIT: &str = "no result before exit (the check was still runni
 /// A check not reported this long after its call: its result was dropped (counted there).
 const OUTSTANDING_STALE: Duration = Duration::from_secs(10);
 
-static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+static ENGINE: StartOnce<Engine> = StartOnce::new();
+
+/// Calls that passed straight through because another thread was starting the engine (added
+/// to the closing record's calls and skips once it runs).
+static PASSED_WHILE_STARTING: AtomicU64 = AtomicU64::new(0);
+
+/// The skip reason of calls made while another thread started the engine.
+pub const STARTING_SKIP: &str = "passed through while another thread started the shim";
+
+/// A value made once, by the first caller. Unlike `OnceLock::get_or_init`, callers that arrive
+/// while another thread makes it get None at once instead of waiting: the engine's start reads
+/// files, starts the first device (pool, kernels) and a thread, and the host's other threads
+/// must not wait for that. A start that panics leaves None (never retried, never stuck).
+pub struct StartOnce<T> {
+    starting: AtomicBool,
+    value: OnceLock<Option<T>>,
+}
+
+impl<T> StartOnce<T> {
+    pub const fn new() -> Self {
+        StartOnce { starting: AtomicBool::new(false), value: OnceLock::new() }
+    }
+
+    /// The outcome of the start, once there is one (`Some(None)`: started, but nothing came).
+    pub fn get(&self) -> Option<&Option<T>> {
+        self.value.get()
+    }
+
+    /// The value, made here by `start` if no thread has begun to; `Err(StillStarting)` while
+    /// another thread is making it.
+    pub fn get_or_start(&self, start: impl FnOnce() -> Option<T>) -> Result<Option<&T>, StillStarting> {
+        if let Some(v) = self.value.get() {
+            return Ok(v.as_ref());
+        }
+        if self.starting.swap(true, Ordering::AcqRel) {
+            // Another thread starts it, or has just finished.
+            return self.value.get().map(Option::as_ref).ok_or(StillStarting);
+        }
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start)).unwrap_or(None);
+        Ok(self.value.get_or_init(|| made).as_ref())
+    }
+}
+
+/// [`StartOnce::get_or_start`] found another thread making the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StillStarting;
+
+impl<T> Default for StartOnce<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Set in a child made by fork() (pthread_atfork handler): the engine's threads did not
 /// survive the fork, so the child passes everything through. An atomic load per call instead
@@ -179,7 +230,13 @@ pub fn engine() -> Option<&'static Engine> {
     if FORKED_CHILD.load(Ordering::Relaxed) {
         return None;
     }
-    ENGINE.get_or_init(Engine::start).as_ref()
+    match ENGINE.get_or_start(Engine::start) {
+        Ok(engine) => engine,
+        Err(StillStarting) => {
+            PASSED_WHILE_STARTING.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 /// Counts a skip reason in the running engine's closing record (work outside a GEMM call:
@@ -201,6 +258,19 @@ pub fn on_capture_end(stream: u64) -> Option<(u64, u64)> {
         return None;
     }
     e.backend.as_ref().and_then(|b| b.capture_ending(stream))
+}
+
+/// `stream` is about to be destroyed: the backends forget it, so that no later work (a
+/// replaced projection's retirement) passes the dead handle to the driver. Never starts the
+/// engine.
+pub fn on_stream_destroy(stream: u64) {
+    let Some(Some(e)) = ENGINE.get() else { return };
+    if FORKED_CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(b) = e.backend.as_ref() {
+        b.stream_destroyed(stream);
+    }
 }
 
 /// Whether the engine has been started in this process (for tests of inertness).
@@ -945,7 +1015,8 @@ impl Engine {
     pub fn closing_record(&self, dropped: u64) -> ClosingRecord {
         ClosingRecord {
             session_id: self.session_id,
-            calls_seen: self.stats.calls_seen.load(Ordering::Relaxed),
+            calls_seen: self.stats.calls_seen.load(Ordering::Relaxed)
+                + PASSED_WHILE_STARTING.load(Ordering::Relaxed),
             sampled: self.stats.sampled.load(Ordering::Relaxed),
             checked: self.stats.checked.load(Ordering::Relaxed),
             skipped: self
@@ -1056,6 +1127,10 @@ impl Engine {
         if paused > 0 {
             *counts.entry(PAUSED_SKIP.to_string()).or_insert(0) += paused;
         }
+        let starting = PASSED_WHILE_STARTING.load(Ordering::Relaxed);
+        if starting > 0 {
+            *counts.entry(STARTING_SKIP.to_string()).or_insert(0) += starting;
+        }
         counts
     }
 }
@@ -1072,4 +1147,54 @@ extern "C" fn at_exit() {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{StartOnce, StillStarting};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    #[test]
+    fn threads_arriving_during_a_start_pass_instead_of_waiting() {
+        let once = Arc::new(StartOnce::<u32>::new());
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let starter = {
+            let once = once.clone();
+            std::thread::spawn(move || {
+                once.get_or_start(|| {
+                    entered_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Some(7)
+                })
+                .map(|v| v.copied())
+            })
+        };
+        entered_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        // The start is in progress and blocked: another caller gets an answer at once.
+        let ran = AtomicBool::new(false);
+        assert_eq!(
+            once.get_or_start(|| {
+                ran.store(true, Ordering::Relaxed);
+                Some(1)
+            }),
+            Err(StillStarting)
+        );
+        assert!(!ran.load(Ordering::Relaxed), "a second start must never run");
+        assert!(once.get().is_none());
+        release_tx.send(()).unwrap();
+        assert_eq!(starter.join().unwrap(), Ok(Some(7)));
+        assert_eq!(once.get_or_start(|| Some(2)), Ok(Some(&7)));
+        assert_eq!(once.get(), Some(&Some(7)));
+    }
+
+    #[test]
+    fn a_start_that_panics_leaves_none_for_good() {
+        let once = StartOnce::<u32>::new();
+        assert_eq!(once.get_or_start(|| panic!("start failed")), Ok(None));
+        assert_eq!(once.get_or_start(|| Some(3)), Ok(None));
+        assert_eq!(once.get(), Some(&None));
+    }
 }

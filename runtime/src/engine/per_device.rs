@@ -160,6 +160,13 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         backend.and_then(|b| b.capture_ending(stream))
     }
 
+    fn stream_destroyed(&self, stream: u64) {
+        // Every device: the destroying thread's current device need not be the stream's.
+        for b in self.all() {
+            b.stream_destroyed(stream);
+        }
+    }
+
     fn dropped(&self) -> u64 {
         self.all().iter().map(|b| b.dropped()).sum()
     }

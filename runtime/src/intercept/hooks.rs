@@ -178,6 +178,15 @@ macro_rules! for_each_hook {
                 node: *mut c_void, params: *mut c_void);
             cuGraphNodeSetEnabled: graph::exec_node_enabled, missing = 500, (exec: *mut c_void,
                 node: *mut c_void, enabled: u32);
+            // ---- Object lifetimes (`intercept::lifetime`): handles the shim remembers --------
+            // A destroyed stream's handle must never reach the driver again; an unloaded
+            // module's function handles may be reused by other kernels.
+            cuStreamDestroy: lifetime::cu_stream_destroy, missing = 500, (stream: *mut c_void);
+            cuStreamDestroy_v2: lifetime::cu_stream_destroy_v2, missing = 500, (stream: *mut c_void);
+            cuModuleUnload: lifetime::cu_module_unload, missing = 500, (module: *mut c_void);
+            cuLibraryUnload: lifetime::cu_library_unload, missing = 500, (library: *mut c_void);
+            hipStreamDestroy: lifetime::hip_stream_destroy, missing = 500, (stream: *mut c_void);
+            hipModuleUnload: lifetime::hip_module_unload, missing = 500, (module: *mut c_void);
             // ---- Kernel launches (`intercept::launch`); `_ptsz`: per-thread default stream ------
             cuLaunchKernel: launch::cu_launch_kernel, missing = 500, (f: *mut c_void, grid_x: u32,
                 grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32, shared_bytes: u32,

@@ -403,6 +403,8 @@ struct KernelInfo {
     disabled_seen: AtomicUsize,
     /// Listing statistics (only with `QUANTSHADOW_KERNELS_OUT`).
     stats: Option<Mutex<KernelCounts>>,
+    /// [`UNLOADS`] when the handle was last found to name this kernel.
+    checked_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -478,12 +480,51 @@ impl Table {
         None
     }
 
+    /// Puts `fresh` in place of `old` as the info of `key`: the kernel at that handle changed
+    /// after a module unload. Another thread's replacement wins a race; None when the key is
+    /// gone or the replacements' bound is reached (the launch then passes through).
+    fn renew(&self, key: usize, old: &'static KernelInfo, fresh: KernelInfo) -> Option<&'static KernelInfo> {
+        let h = crate::rng::mix64(key as u64) as usize;
+        let slot = (0..MAX_PROBE)
+            .map(|i| (h + i) & (TABLE_SIZE - 1))
+            .find(|&slot| self.keys[slot].load(Ordering::Acquire) == key)?;
+        let mut replaced = REPLACED.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.vals[slot].load(Ordering::Acquire);
+        if !std::ptr::eq(current, old) {
+            // SAFETY: values are leaked boxes, never freed.
+            return (!current.is_null()).then(|| unsafe { &*current });
+        }
+        if replaced.len() >= MAX_REPLACED {
+            return None;
+        }
+        let new: &'static KernelInfo = Box::leak(Box::new(fresh));
+        self.vals[slot].store(new as *const KernelInfo as *mut KernelInfo, Ordering::Release);
+        replaced.push(old);
+        Some(new)
+    }
+
     fn infos(&self) -> impl Iterator<Item = &'static KernelInfo> + '_ {
         self.vals.iter().filter_map(|v| {
             let p = v.load(Ordering::Acquire);
             // SAFETY: values are leaked boxes, never freed.
             (!p.is_null()).then(|| unsafe { &*p })
         })
+    }
+}
+
+/// Successful module (or library) unloads so far: a kernel info checked before the latest one
+/// is checked again at its next launch, since a later module may reuse the function handle.
+static UNLOADS: AtomicU64 = AtomicU64::new(0);
+/// Infos replaced because their handle came to name another kernel (kept for the listing).
+static REPLACED: Mutex<Vec<&'static KernelInfo>> = Mutex::new(Vec::new());
+/// Replacements at most (each leaks one small info); later stale handles pass through.
+const MAX_REPLACED: usize = 4096;
+
+/// A module or library was unloaded: every cached kernel name is checked again before use.
+pub fn forget_kernel_handles() {
+    UNLOADS.fetch_add(1, Ordering::AcqRel);
+    if let Some(names) = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        names.clear();
     }
 }
 
@@ -652,7 +693,7 @@ fn kernel_name(api: Api, handle: *mut c_void, stream: u64) -> (Option<String>, O
     }
 }
 
-fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
+fn describe(l: &Launch, st: &LaunchState, unloads: u64) -> KernelInfo {
     let (name, function) = kernel_name(l.api, l.handle as *mut c_void, l.stream);
     let param_sizes = function.and_then(cu_param_sizes);
     let spec = name.as_deref().and_then(|n| st.specs.find(n));
@@ -664,7 +705,28 @@ fn describe(l: &Launch, st: &LaunchState) -> KernelInfo {
         disabled: AtomicBool::new(false),
         disabled_seen: AtomicUsize::new(0),
         stats: st.listing.is_some().then(|| Mutex::new(KernelCounts::default())),
+        checked_at: AtomicU64::new(unloads),
     }
+}
+
+/// `info` if its handle still names the same kernel (name and parameters) after the modules
+/// unloaded since it was made; otherwise the info of the kernel there now. None: the handle
+/// could not be brought up to date (pass the launch through, never with a stale spec).
+fn up_to_date(
+    l: &Launch,
+    st: &LaunchState,
+    info: &'static KernelInfo,
+    unloads: u64,
+) -> Option<&'static KernelInfo> {
+    if info.checked_at.load(Ordering::Acquire) == unloads {
+        return Some(info);
+    }
+    let fresh = describe(l, st, unloads);
+    if fresh.name == info.name && fresh.param_sizes == info.param_sizes {
+        info.checked_at.fetch_max(unloads, Ordering::AcqRel);
+        return Some(info);
+    }
+    TABLE.renew(l.handle, info, fresh)
 }
 
 // =============================================================================================
@@ -682,7 +744,12 @@ fn on_launch(l: &Launch, real: &RealCall) -> i32 {
     if !st.active || l.handle == 0 {
         return real.call();
     }
-    let Some(info) = TABLE.get_or_insert(l.handle, || describe(l, st)) else {
+    let unloads = UNLOADS.load(Ordering::Acquire);
+    let Some(info) = TABLE.get_or_insert(l.handle, || describe(l, st, unloads)) else {
+        TABLE.overflow.fetch_add(1, Ordering::Relaxed);
+        return real.call();
+    };
+    let Some(info) = up_to_date(l, st, info, unloads) else {
         TABLE.overflow.fetch_add(1, Ordering::Relaxed);
         return real.call();
     };
@@ -827,8 +894,10 @@ pub fn served_by(seen: &[(u8, usize)]) -> Option<String> {
 
 /// The kernels launched so far (most launched first).
 pub fn listing() -> KernelListing {
+    let replaced = REPLACED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut kernels: Vec<KernelStat> = TABLE
         .infos()
+        .chain(replaced)
         .filter_map(|info| {
             let s = info.stats.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
             Some(KernelStat {
@@ -928,6 +997,7 @@ mod tests {
             disabled: AtomicBool::new(false),
             disabled_seen: AtomicUsize::new(0),
             stats: None,
+            checked_at: AtomicU64::new(0),
         };
         let a = TABLE.get_or_insert(0x1234_5678, || make("a")).unwrap();
         let b = TABLE.get_or_insert(0x1234_5678, || make("b")).unwrap();

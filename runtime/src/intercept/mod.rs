@@ -28,6 +28,7 @@ pub mod hipblaslt;
 #[macro_use]
 pub mod hooks;
 pub mod launch;
+pub mod lifetime;
 pub mod resolve;
 pub mod rocblas;
 

@@ -1,0 +1,41 @@
+//! Ends of vendor objects whose handles the shim remembers: streams (a site's projection keeps
+//! the streams its checks ran on, to retire it behind them) and modules (kernel names and specs
+//! are cached per function handle). Each hook tells the runtime before the real call, while
+//! the handle is still valid, and forwards; nothing here starts the engine.
+
+use super::{hook, RealCall};
+
+macro_rules! stream_destroy {
+    ($($handler:ident: $sym:ident),* $(,)?) => {$(
+        /// A stream is about to be destroyed: the engine forgets it first (its handle may be
+        /// reused, and a destroyed stream must never be passed to the driver).
+        pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
+            crate::engine::on_stream_destroy(a.stream as u64);
+            real.call()
+        }
+    )*};
+}
+stream_destroy!(
+    cu_stream_destroy: cuStreamDestroy,
+    cu_stream_destroy_v2: cuStreamDestroy_v2,
+    hip_stream_destroy: hipStreamDestroy,
+);
+
+macro_rules! module_unload {
+    ($($handler:ident: $sym:ident),* $(,)?) => {$(
+        /// A module (or CUDA library) is unloaded: kernels cached by function handle are named
+        /// again at their next launch, since a later module may reuse the handles.
+        pub fn $handler(_: &hook::$sym::Args, real: &RealCall) -> i32 {
+            let status = real.call();
+            if status == 0 {
+                super::launch::forget_kernel_handles();
+            }
+            status
+        }
+    )*};
+}
+module_unload!(
+    cu_module_unload: cuModuleUnload,
+    cu_library_unload: cuLibraryUnload,
+    hip_module_unload: hipModuleUnload,
+);
