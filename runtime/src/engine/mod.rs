@@ -273,6 +273,18 @@ pub fn on_stream_destroy(stream: u64) {
     }
 }
 
+/// The host is about to reset `device` (None: the current one): the backend made in its
+/// context is retired, and the device's next call starts a new one. Never starts the engine.
+pub fn on_device_reset(device: Option<i32>) {
+    let Some(Some(e)) = ENGINE.get() else { return };
+    if FORKED_CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(b) = e.backend.as_ref() {
+        b.device_reset(device);
+    }
+}
+
 /// Whether the engine has been started in this process (for tests of inertness).
 pub fn started() -> bool {
     ENGINE.get().is_some()

@@ -38,7 +38,15 @@ pub struct PerDevice<B: Backend> {
     starting: Mutex<HashSet<i32>>,
     /// (name, arch) of the first device started, for the session record.
     first_device: Mutex<Option<(String, String)>>,
+    /// Backends of devices the host reset (`cudaDeviceReset`): their context, memory and
+    /// handles are gone, so they are never used again and never dropped (a drop would hand the
+    /// driver handles of the destroyed context). The device's next call starts a new one.
+    reset: Mutex<Vec<Arc<B>>>,
 }
+
+/// Device resets after which a device's backend is started again; past it the device's calls
+/// pass through (each reset leaves its old backend's host memory behind).
+const RESETS_MAX: usize = 16;
 
 impl<B: Backend + 'static> PerDevice<B> {
     /// Starts the backend of the calling thread's current device now (so that a process whose
@@ -55,6 +63,7 @@ impl<B: Backend + 'static> PerDevice<B> {
             failed: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashSet::new()),
             first_device: Mutex::new(Some(first.device())),
+            reset: Mutex::new(Vec::new()),
         };
         per.devices.write().unwrap_or_else(|e| e.into_inner()).insert(ordinal, Arc::new(first));
         Ok(per)
@@ -167,8 +176,29 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         }
     }
 
+    fn device_reset(&self, device: Option<i32>) {
+        let Some(ordinal) = device.or_else(|| self.probe.current_ordinal().ok()) else {
+            return;
+        };
+        let Some(old) = self.devices.write().unwrap_or_else(|e| e.into_inner()).remove(&ordinal) else {
+            return;
+        };
+        let mut reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
+        reset.push(old);
+        if reset.len() >= RESETS_MAX {
+            let why = format!("reset {RESETS_MAX} times: not started again");
+            self.failed.lock().unwrap_or_else(|e| e.into_inner()).insert(ordinal, why);
+        }
+        super::log::info(&format!(
+            "{} backend of device {ordinal} retired: the host reset the device",
+            self.name
+        ));
+    }
+
     fn dropped(&self) -> u64 {
-        self.all().iter().map(|b| b.dropped()).sum()
+        let reset =
+            self.reset.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|b| b.dropped()).sum::<u64>();
+        self.all().iter().map(|b| b.dropped()).sum::<u64>() + reset
     }
 
     fn early_launches(&self) -> u64 {
@@ -308,6 +338,34 @@ mod tests {
         assert_eq!(served(&per), [0, 1, 1]);
         assert_eq!(per.dropped(), 1, "drops of every device are summed");
         assert_eq!(per.device(), ("gpu0".to_string(), "sm_test".to_string()));
+    }
+
+    #[test]
+    fn a_reset_device_gets_a_new_backend_and_the_old_one_is_never_used_or_dropped() {
+        let (per, current, _, starts) = per_device(-1);
+        after(&per, 7).unwrap();
+        let old = per.all()[0].clone();
+        per.device_reset(Some(0));
+        assert!(per.started().is_empty());
+        after(&per, 7).unwrap();
+        assert_eq!(starts.load(Ordering::Relaxed), 2, "device 0 started again after its reset");
+        let new = per.all()[0].clone();
+        assert!(!Arc::ptr_eq(&old, &new));
+        assert_eq!(old.calls.load(Ordering::Relaxed), 1, "the reset backend gets no call");
+        assert_eq!(Arc::strong_count(&old), 2, "kept (never dropped) by the per-device set");
+        // Of the current device (hipDeviceReset), and a device never started: nothing starts.
+        current.store(1, Ordering::Relaxed);
+        per.device_reset(None);
+        per.device_reset(Some(5));
+        assert_eq!(per.started(), [0]);
+        // A device reset again and again stops being restarted.
+        current.store(0, Ordering::Relaxed);
+        for _ in 1..RESETS_MAX {
+            per.device_reset(Some(0));
+            let _ = after(&per, 7);
+        }
+        let skip = after(&per, 7).unwrap_err();
+        assert!(skip.0.contains("reset"), "{}", skip.0);
     }
 
     #[test]

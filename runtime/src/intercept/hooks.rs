@@ -187,6 +187,11 @@ macro_rules! for_each_hook {
             cuLibraryUnload: lifetime::cu_library_unload, missing = 500, (library: *mut c_void);
             hipStreamDestroy: lifetime::hip_stream_destroy, missing = 500, (stream: *mut c_void);
             hipModuleUnload: lifetime::hip_module_unload, missing = 500, (module: *mut c_void);
+            // A device reset (cudaDeviceReset reaches the driver's primary-context reset)
+            // destroys the context the shim's backend for that device was made in.
+            cuDevicePrimaryCtxReset: lifetime::primary_ctx_reset, missing = 500, (device: i32);
+            cuDevicePrimaryCtxReset_v2: lifetime::primary_ctx_reset_v2, missing = 500, (device: i32);
+            hipDeviceReset: lifetime::hip_device_reset, missing = 500, ();
             // ---- Kernel launches (`intercept::launch`); `_ptsz`: per-thread default stream ------
             cuLaunchKernel: launch::cu_launch_kernel, missing = 500, (f: *mut c_void, grid_x: u32,
                 grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32, shared_bytes: u32,

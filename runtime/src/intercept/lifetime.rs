@@ -1,6 +1,6 @@
 //! Ends of vendor objects whose handles the shim remembers: streams (a site's projection keeps
-//! the streams its checks ran on, to retire it behind them) and modules (kernel names and specs
-//! are cached per function handle). Each hook tells the runtime before the real call, while
+//! the streams its checks ran on, to retire it behind them), modules (kernel names and specs
+//! are cached per function handle) and whole device contexts (a device reset). Each hook tells the runtime before the real call, while
 //! the handle is still valid, and forwards; nothing here starts the engine.
 
 use super::{hook, RealCall};
@@ -39,3 +39,21 @@ module_unload!(
     cu_library_unload: cuLibraryUnload,
     hip_module_unload: hipModuleUnload,
 );
+
+macro_rules! primary_ctx_reset {
+    ($($handler:ident: $sym:ident),* $(,)?) => {$(
+        /// The device's primary context is about to be reset: the backend made in it is
+        /// retired first (its next call starts a new one in the new context).
+        pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
+            crate::engine::on_device_reset(Some(a.device));
+            real.call()
+        }
+    )*};
+}
+primary_ctx_reset!(primary_ctx_reset: cuDevicePrimaryCtxReset, primary_ctx_reset_v2: cuDevicePrimaryCtxReset_v2);
+
+/// `hipDeviceReset` resets the calling thread's current device.
+pub fn hip_device_reset(_: &hook::hipDeviceReset::Args, real: &RealCall) -> i32 {
+    crate::engine::on_device_reset(None);
+    real.call()
+}
