@@ -12,11 +12,12 @@
 //!
 //! Which of the last two runs is decided by looking for the library independently.
 
-use std::ffi::{c_void, CString};
+use std::ffi::{c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use quantshadow_runtime::device::gpu::ResultRing;
 use quantshadow_runtime::device::hip::{HipLoadOptions, HipRuntime};
 use quantshadow_runtime::device::{
     DeviceError, Event, Function, GpuRuntime, LaunchOrder, Module, Stream, Vendor,
@@ -29,10 +30,12 @@ use quantshadow_runtime::device::{
 /// the headers (hipDeviceProp_t of ROCm 5.2.3 = R0000; hipDeviceProp_tR0600 of ROCm 6.x/7.x)
 /// and filled by field name, so gcc computes the offsets independently of the Rust side.
 const FAKE_HIP_C: &str = r##"
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct { unsigned bits; } hipDeviceArch_t;
 
@@ -117,6 +120,7 @@ const char* hipGetErrorName(int e) {
     case 101: return "hipErrorInvalidDevice";
     case 400: return "hipErrorInvalidHandle";
     case 500: return "hipErrorNotFound";
+    case 713: return "hipErrorHostMemoryNotRegistered";
     default: return "hipErrorUnknown";
   }
 }
@@ -169,19 +173,80 @@ int hipGetDevicePropertiesR0600(hipDeviceProp_tR0600* p, int dev) {
 
 int hipFree(void* p) { free(p); return 0; }
 
-int hipHostMalloc(void** p, size_t n, unsigned flags) {
-  if (flags != (2u | 0x40000000u)) return 1; /* hipHostMallocMapped | hipHostMallocCoherent */
-  *p = malloc(n);
-  if (!*p) return 2;
-  memset(*p, 0xAB, n); /* HIP does not zero: the runtime must */
-  return 0;
+/* Registered host memory. hipHostRegister takes only hipHostRegisterMapped (2) on whole,
+   page-aligned pages that are still zero (fresh anonymous pages), and remembers the range; only
+   a registered pointer has a device address, and unregistering an unknown one is
+   hipErrorHostMemoryNotRegistered (713), as after a hipDeviceReset. A thread arms failures for
+   its own next calls with fake_fail_host (1: register, 2: device pointer, 4: unregister) and
+   reads back what it last tried to register and how many ranges it has registered now. */
+#define MAX_REGISTERED 256
+static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { uintptr_t ptr; size_t n; } g_registered[MAX_REGISTERED];
+static __thread int g_fail_host;
+static __thread uintptr_t g_register_attempt;
+static __thread size_t g_register_attempt_bytes;
+static __thread int g_registered_by_thread;
+void fake_fail_host(int which) { g_fail_host = which; }
+uintptr_t fake_register_attempt(void) { return g_register_attempt; }
+size_t fake_register_attempt_bytes(void) { return g_register_attempt_bytes; }
+int fake_registered_by_thread(void) { return g_registered_by_thread; }
+static int take_failure(int which) {
+  if (!(g_fail_host & which)) return 0;
+  g_fail_host &= ~which;
+  return 1;
+}
+static int find_registered(uintptr_t p) {
+  for (int k = 0; k < MAX_REGISTERED; k++) if (g_registered[k].ptr == p) return k;
+  return -1;
+}
+int hipHostRegister(void* p, size_t n, unsigned flags) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  g_register_attempt = (uintptr_t)p;
+  g_register_attempt_bytes = n;
+  if (flags != 2u) return 1;
+  if (p == NULL || n == 0 || (uintptr_t)p % page != 0 || n % page != 0) return 1;
+  for (size_t k = 0; k < n; k++) if (((const unsigned char*)p)[k] != 0) return 1;
+  if (take_failure(1)) return 2; /* hipErrorOutOfMemory */
+  pthread_mutex_lock(&g_reg_lock);
+  int status = 712; /* hipErrorHostMemoryAlreadyRegistered */
+  if (find_registered((uintptr_t)p) < 0) {
+    int slot = find_registered(0);
+    if (slot >= 0) {
+      g_registered[slot].ptr = (uintptr_t)p;
+      g_registered[slot].n = n;
+      g_registered_by_thread++;
+      status = 0;
+    } else {
+      status = 2;
+    }
+  }
+  pthread_mutex_unlock(&g_reg_lock);
+  return status;
 }
 int hipHostGetDevicePointer(void** d, void* h, unsigned flags) {
-  if (flags != 0) return 1;
+  if (flags != 0 || h == NULL) return 1;
+  if (take_failure(2)) return 1;
+  pthread_mutex_lock(&g_reg_lock);
+  int known = find_registered((uintptr_t)h) >= 0;
+  pthread_mutex_unlock(&g_reg_lock);
+  if (!known) return 1;
   *d = (void*)((uintptr_t)h ^ ((uintptr_t)1 << 62));
   return 0;
 }
-int hipHostFree(void* p) { free(p); return 0; }
+#ifndef NO_HOST_UNREGISTER
+int hipHostUnregister(void* p) {
+  if (p == NULL) return 1;
+  if (take_failure(4)) return 713;
+  pthread_mutex_lock(&g_reg_lock);
+  int slot = find_registered((uintptr_t)p);
+  if (slot >= 0) {
+    g_registered[slot].ptr = 0;
+    g_registered_by_thread--;
+  }
+  pthread_mutex_unlock(&g_reg_lock);
+  return slot >= 0 ? 0 : 713;
+}
+#endif
 
 /* "Device" memory is host memory from hipMalloc above. Host-to-device copies are counted by
    the stream they take: the null stream (synchronous call) or the last async one's handle. */
@@ -321,6 +386,8 @@ struct Fakes {
     odd6: PathBuf,
     /// hipGetDeviceCount says hipErrorNoDevice; hipMalloc always fails; nothing else exported.
     bare: PathBuf,
+    /// The ROCm 6 fake without hipHostUnregister.
+    no_unregister: PathBuf,
 }
 
 fn fakes() -> &'static Fakes {
@@ -381,6 +448,16 @@ fn fakes() -> &'static Fakes {
                 ]),
             ),
             bare: build("bare", &["-DFAKE_DEVICES=0", "-DFAKE_VERSION=50200000"]),
+            no_unregister: build(
+                "no-unregister",
+                &with(&[
+                    "-DFAKE_VERSION=60342134",
+                    "-DHAVE_R0600",
+                    "-DNO_HOST_UNREGISTER",
+                    "-DFAKE_NAME=\"Fake without hipHostUnregister\"",
+                    "-DFAKE_R0000_ARCH=\"gfx942\"",
+                ]),
+            ),
         }
     })
 }
@@ -414,6 +491,15 @@ fn full_fake_resolves_every_symbol_and_bare_fake_reports_what_it_lacks() {
         HipRuntime::hip_symbols().iter().copied().filter(|s| !exported.contains(s)).collect();
     assert_eq!(bare.missing_symbols(), expected);
     assert_eq!(HipRuntime::hip_symbols().len(), 31);
+
+    // Mapped host memory is registered, never allocated by HIP.
+    for name in ["hipHostRegister", "hipHostGetDevicePointer", "hipHostUnregister"] {
+        assert!(HipRuntime::hip_symbols().contains(&name), "{name}");
+    }
+    for name in ["hipHostMalloc", "hipHostFree"] {
+        assert!(!HipRuntime::hip_symbols().contains(&name), "{name}");
+    }
+    assert_eq!(fake(&fakes().no_unregister).missing_symbols(), vec!["hipHostUnregister"]);
 }
 
 #[test]
@@ -568,22 +654,293 @@ fn host_to_device_copies_take_a_non_blocking_stream_of_their_own() {
     unsafe { rt.free(a).unwrap() };
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fake library: mapped host memory (the results ring) is the runtime's own registered pages.
+
+/// A function the fake exports besides the HIP API, from the copy the runtime loaded.
+fn fake_symbol(path: &Path, name: &str) -> *mut c_void {
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; NOLOAD opens nothing new.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!handle.is_null(), "{} is loaded", path.display());
+    let c_name = CString::new(name).unwrap();
+    // SAFETY: a live handle and a valid C string.
+    let f = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
+    // SAFETY: the handle from dlopen above; the runtime keeps its own reference, so `f` stays valid.
+    unsafe { libc::dlclose(handle) };
+    assert!(!f.is_null(), "{name}");
+    f
+}
+
+/// The fake's record of host registration, per calling thread.
+struct FakeHost {
+    fail: unsafe extern "C" fn(c_int),
+    attempt: unsafe extern "C" fn() -> usize,
+    attempt_bytes: unsafe extern "C" fn() -> usize,
+    registered: unsafe extern "C" fn() -> c_int,
+}
+
+impl FakeHost {
+    fn of(path: &Path) -> FakeHost {
+        // SAFETY: the fake defines these with exactly these C signatures.
+        unsafe {
+            FakeHost {
+                fail: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(fake_symbol(
+                    path,
+                    "fake_fail_host",
+                )),
+                attempt: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> usize>(fake_symbol(
+                    path,
+                    "fake_register_attempt",
+                )),
+                attempt_bytes: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> usize>(
+                    fake_symbol(path, "fake_register_attempt_bytes"),
+                ),
+                registered: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(fake_symbol(
+                    path,
+                    "fake_registered_by_thread",
+                )),
+            }
+        }
+    }
+    /// Arms failures of this thread's next calls: 1 hipHostRegister, 2 hipHostGetDevicePointer,
+    /// 4 hipHostUnregister.
+    fn fail(&self, which: c_int) {
+        // SAFETY: sets a thread-local in the fake.
+        unsafe { (self.fail)(which) }
+    }
+    /// (pointer, bytes) of this thread's last hipHostRegister call; (0, 0) if none.
+    fn attempt(&self) -> (usize, usize) {
+        // SAFETY: reads thread-locals in the fake.
+        unsafe { ((self.attempt)(), (self.attempt_bytes)()) }
+    }
+    /// Ranges this thread registered and has not unregistered.
+    fn registered(&self) -> c_int {
+        // SAFETY: reads a thread-local in the fake.
+        unsafe { (self.registered)() }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap().max(4096)
+}
+
+/// Whether any page of [ptr, ptr + len) is mapped in this process (mincore: ENOMEM on a hole).
+/// Only meaningful where no other thread maps memory meanwhile (the child processes).
+fn is_mapped(ptr: usize, len: usize) -> bool {
+    let mut residency = vec![0u8; len.div_ceil(page_size())];
+    // SAFETY: mincore only inspects the page tables and writes one byte per page.
+    unsafe { libc::mincore(ptr as *mut c_void, len, residency.as_mut_ptr()) == 0 }
+}
+
 #[test]
-fn mapped_host_memory_is_mapped_zeroed_and_freed() {
-    let rt = fake(&fakes().gpu6);
-    let mapped = rt.alloc_mapped(4096).unwrap();
-    assert_eq!(mapped.bytes, 4096);
+fn mapped_host_memory_is_the_runtimes_own_registered_pages() {
+    let path = &fakes().gpu6;
+    let rt = fake(path);
+    let host = FakeHost::of(path);
+    let page = page_size();
+    let before = host.registered();
+    // The fake registers only flags 2 (hipHostRegisterMapped) on whole, page-aligned, zeroed pages.
+    let mapped = rt.alloc_mapped(page + 1).unwrap();
+    assert_eq!(mapped.bytes, page + 1);
+    assert_eq!(mapped.host as usize % page, 0);
+    assert_eq!(host.attempt(), (mapped.host as usize, 2 * page), "registered in place, whole pages");
+    assert_eq!(host.registered(), before + 1);
     assert_eq!(
         mapped.device,
         (mapped.host as u64) ^ (1 << 62),
         "the device address hipHostGetDevicePointer gave"
     );
-    // SAFETY: `host` is a live allocation of `bytes` bytes until free_mapped below.
-    let bytes = unsafe { std::slice::from_raw_parts(mapped.host, mapped.bytes) };
-    assert!(bytes.iter().all(|&b| b == 0), "hipHostMalloc memory must be zeroed by the runtime");
+    // SAFETY: `host` is a live mapping of two pages until free_mapped below, used by no one else.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(mapped.host, 2 * page) };
+    assert!(bytes.iter().all(|&b| b == 0), "mapped host memory starts zeroed");
+    bytes.fill(0x5a);
     // SAFETY: from alloc_mapped above and not used again.
     unsafe { rt.free_mapped(&mapped).unwrap() };
+    assert_eq!(host.registered(), before, "unregistered");
     assert!(matches!(rt.alloc_mapped(0), Err(DeviceError::Unsupported(_))));
+}
+
+#[test]
+fn mapped_host_memory_needs_all_three_registration_calls() {
+    // Checked before anything is mapped: pages registered without hipHostUnregister could never
+    // be given back.
+    assert_eq!(
+        fake(&fakes().bare).alloc_mapped(64).unwrap_err(),
+        DeviceError::SymbolMissing { lib: "libamdhip64", name: "hipHostRegister" }
+    );
+    let path = &fakes().no_unregister;
+    assert_eq!(
+        fake(path).alloc_mapped(64).unwrap_err(),
+        DeviceError::SymbolMissing { lib: "libamdhip64", name: "hipHostUnregister" }
+    );
+    assert_eq!(FakeHost::of(path).attempt(), (0, 0), "hipHostRegister was never called");
+}
+
+#[test]
+fn failed_set_up_and_teardown_of_mapped_host_memory_leave_nothing_behind() {
+    // In a child process: whether an address range is still mapped can only be asked where no
+    // other thread maps memory meanwhile.
+    run_child("mapped-undo", &[("QS_HIP_CHILD_LIB", &fakes().gpu6)]);
+}
+
+/// Child mode `mapped-undo`: every failure of alloc_mapped / free_mapped, one at a time.
+fn mapped_undo(path: &Path) {
+    let rt = fake(path);
+    let host = FakeHost::of(path);
+    let page = page_size();
+
+    // hipHostRegister refuses: the pages are unmapped again.
+    host.fail(1);
+    match rt.alloc_mapped(100).unwrap_err() {
+        DeviceError::Call { call: "hipHostRegister", code: 2, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let (tried, bytes) = host.attempt();
+    assert!(tried != 0 && bytes == page, "{tried:#x} {bytes}");
+    assert!(!is_mapped(tried, bytes), "unmapped after the failed registration");
+    assert_eq!(host.registered(), 0);
+
+    // No device address: unregistered, then unmapped.
+    host.fail(2);
+    match rt.alloc_mapped(100).unwrap_err() {
+        DeviceError::Call { call: "hipHostGetDevicePointer", code: 1, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let (tried, bytes) = host.attempt();
+    assert!(!is_mapped(tried, bytes), "unmapped after the failed set-up");
+    assert_eq!(host.registered(), 0, "unregistered after the failed set-up");
+
+    // No device address and HIP refuses to unregister: the pages stay mapped, since HIP may
+    // still hold them (and their address range must not be handed out again).
+    host.fail(2 | 4);
+    assert!(matches!(rt.alloc_mapped(100), Err(DeviceError::Call { call: "hipHostGetDevicePointer", .. })));
+    let (tried, bytes) = host.attempt();
+    assert!(is_mapped(tried, bytes), "left mapped while registered");
+
+    // Teardown after the registration is gone (a host's hipDeviceReset): an error, and the
+    // pages stay readable, as the poller may still read them.
+    let mapped = rt.alloc_mapped(100).unwrap();
+    host.fail(4);
+    // SAFETY: from alloc_mapped above; its memory is only read below, as the poller would.
+    let err = unsafe { rt.free_mapped(&mapped) }.unwrap_err();
+    assert_eq!(
+        err,
+        DeviceError::Call {
+            call: "hipHostUnregister",
+            code: 713,
+            message: "hipErrorHostMemoryNotRegistered".into()
+        }
+    );
+    assert!(is_mapped(mapped.host as usize, page));
+    // SAFETY: still mapped (checked above) and zeroed at allocation.
+    assert_eq!(unsafe { std::ptr::read_volatile(mapped.host) }, 0);
+
+    // Ordinary teardown: unregistered, then unmapped.
+    let mapped = rt.alloc_mapped(100).unwrap();
+    let before = host.registered();
+    // SAFETY: from alloc_mapped above and not used again.
+    unsafe { rt.free_mapped(&mapped).unwrap() };
+    assert_eq!(host.registered(), before - 1);
+    assert!(!is_mapped(mapped.host as usize, page), "unmapped after unregistering");
+}
+
+#[test]
+fn the_results_ring_lives_in_registered_pages_or_does_not_start() {
+    // A library without the registration calls: the ring, so the backend, refuses to start.
+    let bare: Arc<dyn GpuRuntime> = Arc::new(fake(&fakes().bare));
+    match ResultRing::new(bare, 4) {
+        Err(error) => {
+            assert_eq!(error, DeviceError::SymbolMissing { lib: "libamdhip64", name: "hipHostRegister" })
+        }
+        Ok(_) => panic!("a ring without hipHostRegister"),
+    }
+    let path = &fakes().gpu6;
+    let host = FakeHost::of(path);
+    let before = host.registered();
+    let ring = ResultRing::new(Arc::new(fake(path)), 4).unwrap();
+    assert_eq!(host.registered(), before + 1);
+    let (registered, _) = host.attempt();
+    assert_eq!(ring.desc().header_ptr, registered as u64 ^ (1 << 62), "the ring's header is on those pages");
+    drop(ring);
+    assert_eq!(host.registered(), before, "unregistered when the ring goes");
+}
+
+#[test]
+fn host_register_flags_are_pinned_to_the_header_values() {
+    let pinned = [
+        ("hipHostRegisterDefault", 0),
+        ("hipHostRegisterPortable", 1),
+        ("hipHostRegisterMapped", 2),
+        ("hipHostRegisterIoMemory", 4),
+        ("hipHostRegisterReadOnly", 8),
+        ("hipExtHostRegisterCoarseGrained", 8),
+    ];
+    assert_eq!(HipRuntime::host_register_flags(), pinned);
+    assert_eq!(HipRuntime::ring_register_flags(), 2, "hipHostRegisterMapped alone: fine-grained");
+
+    // Against the real hip_runtime_api.h, where one is installed.
+    let Some(include) = hip_include_dir() else {
+        return;
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip-fakes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut source = String::from("#include <hip/hip_runtime_api.h>\n#include <stdio.h>\nint main(void) {\n");
+    for (name, _) in HipRuntime::host_register_flags() {
+        source.push_str(&format!(
+            "#ifdef {name}\n  printf(\"%s %lld\\n\", \"{name}\", (long long)({name}));\n#endif\n"
+        ));
+    }
+    source.push_str("  return 0;\n}\n");
+    let src = dir.join(format!("host_register_flags.{}.cpp", std::process::id()));
+    let exe = dir.join(format!("host_register_flags.{}", std::process::id()));
+    std::fs::write(&src, source).unwrap();
+    let output = Command::new("c++")
+        .args(["-x", "c++", "-D__HIP_PLATFORM_AMD__", "-I"])
+        .arg(&include)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run c++ (a C++ compiler is needed to check against the installed header)");
+    assert!(
+        output.status.success(),
+        "compiling against {}: {}",
+        include.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = Command::new(&exe).output().unwrap();
+    let _ = std::fs::remove_file(&src);
+    let _ = std::fs::remove_file(&exe);
+    let text = String::from_utf8(printed.stdout).unwrap();
+    let header: Vec<(&str, u32)> = text
+        .lines()
+        .map(|line| {
+            let (name, value) = line.split_once(' ').unwrap();
+            (name, value.parse::<u32>().unwrap())
+        })
+        .collect();
+    for (name, value) in &header {
+        let ours = pinned.iter().find(|(n, _)| n == name).map(|&(_, v)| v);
+        assert_eq!(ours, Some(*value), "{name} in {}", include.display());
+    }
+    // Every ROCm header since 5.2 has these; hipHostRegisterReadOnly only the newer ones.
+    for name in pinned.iter().map(|(n, _)| *n).filter(|n| *n != "hipHostRegisterReadOnly") {
+        assert!(header.iter().any(|(n, _)| *n == name), "{name} missing from {}", include.display());
+    }
+}
+
+/// The include directory holding `hip/hip_runtime_api.h`: `QS_HIP_INCLUDE` (tests only), else
+/// `$ROCM_PATH/include`, `/opt/rocm/include`, `/usr/include` (Debian's libamdhip64-dev).
+fn hip_include_dir() -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> =
+        std::env::var_os("QS_HIP_INCLUDE").map(PathBuf::from).into_iter().collect();
+    if let Some(root) = std::env::var_os("ROCM_PATH").filter(|r| !r.is_empty()) {
+        candidates.push(Path::new(&root).join("include"));
+    }
+    candidates.extend(["/opt/rocm/include", "/usr/include"].map(PathBuf::from));
+    candidates.into_iter().find(|dir| dir.join("hip/hip_runtime_api.h").is_file())
 }
 
 #[test]
@@ -793,6 +1150,7 @@ fn child_entry() {
             let rt = HipRuntime::load_with(&HipLoadOptions::default()).expect("finds the loaded copy");
             assert_eq!(rt.library_path(), path, "the copy already in the process, not a system one");
         }
+        "mapped-undo" => mapped_undo(Path::new(&std::env::var("QS_HIP_CHILD_LIB").unwrap())),
         other => panic!("unknown child mode {other}"),
     }
     println!("CHILD-OK {mode}");
@@ -908,7 +1266,16 @@ fn real_library_without_a_gpu_says_no_device() {
     if !amd_gpu_present() {
         // Everything that needs a device fails cleanly.
         assert!(rt.malloc(256).is_err());
-        assert!(rt.alloc_mapped(256).is_err());
+        // The registration fails (ROCm 5.2.3: hipErrorInvalidDevice) and its pages are unmapped.
+        let mapped = rt.alloc_mapped(256);
+        assert!(
+            matches!(
+                mapped,
+                Err(DeviceError::Call { call: "hipHostRegister" | "hipHostGetDevicePointer", .. })
+            ),
+            "{:?}",
+            mapped.map(|m| m.bytes)
+        );
         assert!(rt.create_side_stream().is_err());
         assert!(rt.load_module(&minimal_elf()).is_err());
     }

@@ -6,6 +6,7 @@
 //! is present and that every symbol this module calls exists; after that no call can hit
 //! cudarc's panic path. NVRTC is checked the same way, lazily, at the first compile.
 
+use super::host_pages::HostPages;
 use super::{
     DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, GraphNode, LaunchOrder, MappedHost,
     Module, Stream, Vendor,
@@ -417,18 +418,18 @@ impl GpuRuntime for CudaRuntime {
     /// pages stay mapped on the host whatever the driver does; only the device mapping goes.
     fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError> {
         let pages = HostPages::new(bytes.max(1))?;
-        // SAFETY: `pages` is a private, page-aligned mapping of `pages.len` bytes that lives
+        // SAFETY: `pages` is a private, page-aligned mapping of `pages.len()` bytes that lives
         // until free_mapped unregisters and unmaps it.
         check("cuMemHostRegister_v2", unsafe {
-            cu::cuMemHostRegister_v2(pages.ptr.cast(), pages.len, cu::CU_MEMHOSTREGISTER_DEVICEMAP)
+            cu::cuMemHostRegister_v2(pages.as_ptr(), pages.len(), cu::CU_MEMHOSTREGISTER_DEVICEMAP)
         })?;
         let mut device: cu::CUdeviceptr = 0;
         // SAFETY: the pages were registered with DEVICEMAP just above.
         if let Err(e) = check("cuMemHostGetDevicePointer_v2", unsafe {
-            cu::cuMemHostGetDevicePointer_v2(&mut device, pages.ptr.cast(), 0)
+            cu::cuMemHostGetDevicePointer_v2(&mut device, pages.as_ptr(), 0)
         }) {
             // SAFETY: registered above, not yet shared.
-            unsafe { cu::cuMemHostUnregister(pages.ptr.cast()) };
+            unsafe { cu::cuMemHostUnregister(pages.as_ptr()) };
             return Err(e);
         }
         // Anonymous pages come zeroed, as the ring's readers need.
@@ -913,83 +914,9 @@ unsafe fn add_kernel_node(
     Ok(GraphNode(node as u64))
 }
 
-/// A private anonymous mapping, page-aligned as `cuMemHostRegister` wants, zero-filled.
-struct HostPages {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl HostPages {
-    fn rounded(bytes: usize) -> usize {
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(4096);
-        bytes.div_ceil(page) * page
-    }
-
-    fn new(bytes: usize) -> Result<HostPages, DeviceError> {
-        let len = Self::rounded(bytes);
-        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(DeviceError::Unsupported(format!(
-                "mmap of {len} bytes for the results ring failed: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        Ok(HostPages { ptr: p.cast(), len })
-    }
-
-    /// Hands the mapping over to a [`MappedHost`], whose owner unmaps it with [`Self::unmap`].
-    fn into_raw(self) -> *mut u8 {
-        let p = self.ptr;
-        std::mem::forget(self);
-        p
-    }
-
-    /// # Safety
-    /// `ptr` came from [`HostPages::into_raw`] of a mapping made for `bytes` bytes, and nothing
-    /// uses it afterwards.
-    unsafe fn unmap(ptr: *mut u8, bytes: usize) {
-        // SAFETY: per this function's contract; the length rounds as in `new`.
-        unsafe { libc::munmap(ptr.cast(), Self::rounded(bytes)) };
-    }
-}
-
-impl Drop for HostPages {
-    fn drop(&mut self) {
-        // SAFETY: the mapping is ours and not handed over (into_raw forgets self).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ring_pages_are_whole_zeroed_page_aligned_mappings() {
-        for bytes in [1usize, 4095, 4096, 4097, 3 * 4096 + 5] {
-            let pages = HostPages::new(bytes).unwrap();
-            assert!(pages.len >= bytes && pages.len.is_multiple_of(4096), "{bytes}: {}", pages.len);
-            assert_eq!(pages.ptr as usize % 4096, 0);
-            // SAFETY: the mapping is `len` bytes, readable and writable.
-            let view = unsafe { std::slice::from_raw_parts_mut(pages.ptr, pages.len) };
-            assert!(view.iter().all(|&b| b == 0));
-            view[bytes - 1] = 7;
-            let raw = pages.into_raw();
-            // SAFETY: made for `bytes` bytes just above, unused afterwards.
-            unsafe { HostPages::unmap(raw, bytes) };
-        }
-    }
 
     #[test]
     fn loads_or_reports_a_clean_error() {

@@ -21,6 +21,7 @@ pub mod cuda_graph;
 pub mod fake;
 pub mod gpu;
 pub mod hip;
+pub(crate) mod host_pages;
 pub mod pool;
 pub mod registry;
 pub mod snapshot;

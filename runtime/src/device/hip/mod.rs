@@ -17,6 +17,7 @@
 //! HIP library itself when it exports hipRTC (ROCm up to 5.2), else a loaded `libhiprtc.so*`,
 //! else `libhiprtc.so*` beside the HIP library, else the sonames and `$ROCM_PATH/lib`.
 
+use super::host_pages::HostPages;
 use std::ffi::{c_int, c_void, CString};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -130,6 +131,17 @@ impl HipRuntime {
     /// Every HIP symbol this runtime may call (the symbol table, in declaration order).
     pub fn hip_symbols() -> &'static [&'static str] {
         sys::HipFns::NAMES
+    }
+
+    /// The `hipHostRegister` flags this runtime pins, as (C name, value), for comparison with a
+    /// header's; [`HipRuntime::ring_register_flags`] is the one combination it passes.
+    pub fn host_register_flags() -> &'static [(&'static str, u32)] {
+        sys::HOST_REGISTER_FLAGS
+    }
+
+    /// The flags [`GpuRuntime::alloc_mapped`] registers its pages with (`hipHostRegisterMapped`).
+    pub fn ring_register_flags() -> u32 {
+        sys::HIP_RING_REGISTER_FLAGS
     }
 
     /// The file hipRTC symbols come from, opening hipRTC if that has not happened yet.
@@ -341,34 +353,57 @@ impl GpuRuntime for HipRuntime {
         unsafe { result::free(&self.hip, device_ptr(ptr)) }
     }
 
+    /// The pages are the shim's own (`mmap`), registered with HIP, not `hipHostMalloc`'s: memory
+    /// HIP allocated lives as long as HIP keeps it (what a host's `hipDeviceReset` or HIP's own
+    /// teardown does to it depends on the version), and the poller and the exit drain read the
+    /// ring without a HIP call, so they would fault on pages HIP gave back. HIP never unmaps
+    /// registered pages: whatever it does, they stay readable until `free_mapped`. Coherence is
+    /// what `hipHostMalloc(Coherent)` gave (`sys::HIP_RING_REGISTER_FLAGS`).
     fn alloc_mapped(&self, bytes: usize) -> Result<MappedHost, DeviceError> {
         if bytes == 0 {
             return Err(DeviceError::Unsupported("alloc_mapped of 0 bytes".into()));
         }
-        let flags = sys::HIP_HOST_MALLOC_MAPPED | sys::HIP_HOST_MALLOC_COHERENT;
-        let host = result::host_malloc(&self.hip, bytes, flags)?;
-        if host.is_null() {
-            return Err(DeviceError::Unsupported(format!("hipHostMalloc returned null for {bytes} bytes")));
-        }
-        // SAFETY: `host` was just allocated mapped and is still allocated.
-        let device = match unsafe { result::host_get_device_pointer(&self.hip, host) } {
-            Ok(device) => device,
-            Err(error) => {
-                // SAFETY: allocated above and never handed out. A failure to free is reported
-                // less usefully than the error that got us here, so it is dropped.
-                let _ = unsafe { result::host_free(&self.hip, host) };
+        result::host_register_available(&self.hip)?;
+        // Dropped (unmapped) on every early return below until handed over.
+        let pages = HostPages::new(bytes)?;
+        // SAFETY: a private mapping of `pages.len()` bytes owned here; it stays mapped until
+        // hipHostUnregister has succeeded on it (below, or in free_mapped).
+        unsafe {
+            result::host_register(&self.hip, pages.as_ptr(), pages.len(), sys::HIP_RING_REGISTER_FLAGS)?
+        };
+        // SAFETY: registered mapped just above and not yet shared.
+        let device = match unsafe { result::host_get_device_pointer(&self.hip, pages.as_ptr()) } {
+            Ok(device) if !device.is_null() => device,
+            outcome => {
+                let error = outcome.err().unwrap_or_else(|| {
+                    DeviceError::Unsupported("hipHostGetDevicePointer gave a null device address".into())
+                });
+                // SAFETY: registered above; no kernel has its device address.
+                if unsafe { result::host_unregister(&self.hip, pages.as_ptr()) }.is_err() {
+                    // Still registered as far as HIP is concerned: the pages must outlive that
+                    // (see free_mapped), so they are left mapped.
+                    pages.leak();
+                }
                 return Err(error);
             }
         };
-        // hipHostMalloc does not zero; the ring's readers rely on a zeroed start.
-        // SAFETY: `host` is a fresh host allocation of `bytes` bytes no one else references.
-        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
-        Ok(MappedHost { host: host.cast(), device: device as usize as DevicePtr, bytes })
+        // Anonymous pages come zeroed, as the ring's readers need.
+        Ok(MappedHost { host: pages.into_raw(), device: device as usize as DevicePtr, bytes })
     }
 
+    /// Unregisters, then unmaps. If HIP refuses to unregister, the pages are left mapped (a leak
+    /// of one ring): after a host's `hipDeviceReset`, clr's `MemObjMap::Purge` can drop the
+    /// registration from its map without releasing it, so the answer is
+    /// hipErrorHostMemoryNotRegistered while the pages may stay locked for the device; unmapped,
+    /// their address range could go to the host's next `mmap` with HIP's lock still covering it.
     unsafe fn free_mapped(&self, mapped: &MappedHost) -> Result<(), DeviceError> {
-        // SAFETY: the caller guarantees `mapped` came from `alloc_mapped` and is not used afterwards.
-        unsafe { result::host_free(&self.hip, mapped.host.cast()) }
+        // SAFETY: the caller guarantees `mapped` came from alloc_mapped and is not used
+        // afterwards, so nothing writes through its device address any more.
+        unsafe { result::host_unregister(&self.hip, mapped.host.cast())? };
+        // SAFETY: alloc_mapped mapped exactly this range (HostPages rounds the same way), and
+        // HIP no longer has it registered.
+        unsafe { HostPages::unmap(mapped.host, mapped.bytes) };
+        Ok(())
     }
 
     fn copy_to_device_sync(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
@@ -627,6 +662,12 @@ mod tests {
         }
         assert_eq!(gfx_base("gfx942:sramecc+:xnack-"), "gfx942");
         assert_eq!(gfx_base("gfx90a"), "gfx90a");
+    }
+
+    #[test]
+    fn ring_register_flags_are_mapped_and_fine_grained() {
+        assert_eq!(HipRuntime::ring_register_flags(), 0x2, "hipHostRegisterMapped");
+        assert_eq!(HipRuntime::ring_register_flags() & sys::HIP_EXT_HOST_REGISTER_COARSE_GRAINED, 0);
     }
 
     #[test]

@@ -164,16 +164,34 @@ pub unsafe fn free(hip: &HipLib, ptr: *mut c_void) -> Result<(), DeviceError> {
     check(hip, "hipFree", unsafe { f(ptr) })
 }
 
-pub fn host_malloc(hip: &HipLib, bytes: usize, flags: u32) -> Result<*mut c_void, DeviceError> {
-    let f = need!(hip, hipHostMalloc);
-    let mut ptr = ptr::null_mut();
-    // SAFETY: one pointer out-parameter.
-    check(hip, "hipHostMalloc", unsafe { f(&mut ptr, bytes, flags) })?;
-    Ok(ptr)
+/// Fails with `SymbolMissing` unless the library exports all three calls a registered mapping
+/// needs. Checked before anything is registered: pages registered without a way to unregister
+/// them could never be given back.
+pub fn host_register_available(hip: &HipLib) -> Result<(), DeviceError> {
+    need!(hip, hipHostRegister);
+    need!(hip, hipHostGetDevicePointer);
+    need!(hip, hipHostUnregister);
+    Ok(())
+}
+
+/// `hipHostRegister(host, bytes, flags)` (`sys::HIP_HOST_REGISTER_*`).
+///
+/// # Safety
+/// `host` is the start of a mapping of at least `bytes` bytes that the caller owns and keeps
+/// mapped until [`host_unregister`] has succeeded on it.
+pub unsafe fn host_register(
+    hip: &HipLib,
+    host: *mut c_void,
+    bytes: usize,
+    flags: u32,
+) -> Result<(), DeviceError> {
+    let f = need!(hip, hipHostRegister);
+    // SAFETY: per this function's contract; HIP locks the pages where they are and never unmaps them.
+    check(hip, "hipHostRegister", unsafe { f(host, bytes, flags) })
 }
 
 /// # Safety
-/// `host` came from `hipHostMalloc` with the mapped flag and is still allocated.
+/// `host` was registered with `hipHostRegisterMapped` and is still registered and mapped.
 pub unsafe fn host_get_device_pointer(hip: &HipLib, host: *mut c_void) -> Result<*mut c_void, DeviceError> {
     let f = need!(hip, hipHostGetDevicePointer);
     let mut device = ptr::null_mut();
@@ -183,11 +201,12 @@ pub unsafe fn host_get_device_pointer(hip: &HipLib, host: *mut c_void) -> Result
 }
 
 /// # Safety
-/// `host` came from `hipHostMalloc` and is not used afterwards.
-pub unsafe fn host_free(hip: &HipLib, host: *mut c_void) -> Result<(), DeviceError> {
-    let f = need!(hip, hipHostFree);
-    // SAFETY: per this function's contract.
-    check(hip, "hipHostFree", unsafe { f(host) })
+/// `host` is the pointer [`host_register`] succeeded on, and no kernel writes through its device
+/// address any more.
+pub unsafe fn host_unregister(hip: &HipLib, host: *mut c_void) -> Result<(), DeviceError> {
+    let f = need!(hip, hipHostUnregister);
+    // SAFETY: per this function's contract; HIP looks the pointer up and fails if unknown.
+    check(hip, "hipHostUnregister", unsafe { f(host) })
 }
 
 /// # Safety

@@ -58,13 +58,67 @@ pub const HIP_STREAM_CAPTURE_STATUS_INVALIDATED: c_int = 2;
 pub const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 /// hipMemcpyKind::hipMemcpyDeviceToDevice, ROCm 5.2.3 driver_types.h (also ROCm 6.x/7.x).
 pub const HIP_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
-/// `#define hipHostMallocMapped 0x2`, ROCm 5.2.3 hip_runtime_api.h (also ROCm 6.x/7.x).
-pub const HIP_HOST_MALLOC_MAPPED: c_uint = 0x2;
-/// `#define hipHostMallocCoherent 0x40000000`, ROCm 5.2.3 hip_runtime_api.h (also ROCm
-/// 6.x/7.x): fine-grained memory, so device writes to the results ring are visible to the host
-/// poller while kernels run. Current ROCm already makes mapped allocations fine-grained; the
-/// flag says so explicitly and overrides `HIP_HOST_COHERENT` on versions where it would not.
-pub const HIP_HOST_MALLOC_COHERENT: c_uint = 0x4000_0000;
+
+/// `hipHostRegister` flags (`#define`s in hip_runtime_api.h): values printed by gcc from ROCm
+/// 5.2.3 `hip_runtime_api.h` (Debian libamdhip64-dev 5.2.3-8) and read in the ROCm 7.x header
+/// (ROCm/rocm-systems `projects/hip/include/hip/hip_runtime_api.h`, commit 003a5d1); the same in
+/// both. `hipHostRegisterReadOnly` is absent from 5.2.3 and present in 7.x, with the value of
+/// `hipExtHostRegisterCoarseGrained` (8): one bit, two meanings, and clr's `hipHostRegister`
+/// accepts it as coarse-grained. Only [`HIP_RING_REGISTER_FLAGS`] is ever passed; the others are
+/// pinned so that the assertions below (and `runtime/tests/hip.rs`, against an installed header)
+/// check that choice.
+pub const HIP_HOST_REGISTER_DEFAULT: c_uint = 0x0;
+/// `hipHostRegisterPortable`: registered for all contexts. HIP has one context per device, and
+/// clr registers the pages in its host context and maps them for every device whatever this
+/// flag says; the shim makes one ring per device anyway, so it is not passed.
+pub const HIP_HOST_REGISTER_PORTABLE: c_uint = 0x1;
+/// `hipHostRegisterMapped`: map into the device address space (`hipHostGetDevicePointer`).
+pub const HIP_HOST_REGISTER_MAPPED: c_uint = 0x2;
+/// `hipHostRegisterIoMemory`: MMIO space ("Not supported" in 5.2.3).
+pub const HIP_HOST_REGISTER_IO_MEMORY: c_uint = 0x4;
+/// `hipHostRegisterReadOnly` (ROCm 7.x header; "ignored on AMD devices", but see above).
+pub const HIP_HOST_REGISTER_READ_ONLY: c_uint = 0x8;
+/// `hipExtHostRegisterCoarseGrained`: coarse-grained lock. Device writes to coarse-grained
+/// memory are only guaranteed visible to the host after a synchronisation, which a poller
+/// reading the ring while kernels run never makes.
+pub const HIP_EXT_HOST_REGISTER_COARSE_GRAINED: c_uint = 0x8;
+
+/// What the results ring is registered with: mapped, and no bit that could mean coarse-grained.
+///
+/// Coherence (why the ring used `hipHostMalloc(Mapped | Coherent)` before): in each ROCclr-based
+/// HIP read, `hipHostRegister` creates its buffer with `CL_MEM_USE_HOST_PTR |
+/// CL_MEM_SVM_ATOMICS` whatever the flags (ROCm/HIP `rocclr/hip_memory.cpp`, before hipamd split
+/// off; ROCm/hipamd `src/hip_memory.cpp`, ROCm 5.x; clr `hipamd/src/hip_memory.cpp` of the
+/// `hipExtHostRegisterUncached` era, ROCm 6.x/7.x, which also rejects flags outside Portable,
+/// Mapped, CoarseGrained and Uncached). ROCclr's `device/rocm/rocmemory.cpp` locks a
+/// `CL_MEM_SVM_ATOMICS` host buffer with `hsa_amd_memory_lock_to_pool` to `SystemSegment()`,
+/// the CPU pool whose flags include `HSA_REGION_GLOBAL_FLAG_FINE_GRAINED` (`rocdevice.cpp`): the
+/// pool `hipHostMalloc` allocates coherent memory from. Fine-grained memory is "coherent even
+/// while being modified" (HIP docs, "Coherence control"). `HIP_HOST_COHERENT` is read by
+/// `hipHostMalloc` only, never by `hipHostRegister`. So the registered ring has the coherence
+/// the allocated one had, on every version read.
+///
+/// Fallback decision: none. If registration fails, `alloc_mapped` fails and the backend does not
+/// start; falling back to `hipHostMalloc` would bring back a ring whose pages HIP, not the shim,
+/// decides the life of (see `alloc_mapped`). `hipExtHostRegisterUncached` (0x80000000,
+/// newer 6.x and 7.x: the extended fine-grained pool, MTYPE_UC) is not used: libraries from
+/// before it may reject it, and plain fine-grained is what `hipHostMalloc(Coherent)` gave.
+pub const HIP_RING_REGISTER_FLAGS: c_uint = HIP_HOST_REGISTER_MAPPED;
+const _: () = assert!(HIP_RING_REGISTER_FLAGS & HIP_EXT_HOST_REGISTER_COARSE_GRAINED == 0);
+const _: () = assert!(HIP_RING_REGISTER_FLAGS & HIP_HOST_REGISTER_READ_ONLY == 0);
+const _: () = assert!(HIP_RING_REGISTER_FLAGS & HIP_HOST_REGISTER_IO_MEMORY == 0);
+const _: () = assert!(HIP_RING_REGISTER_FLAGS & HIP_HOST_REGISTER_MAPPED != 0);
+
+/// Every `hipHostRegister` flag pinned above, by its C name, for comparison with a header.
+pub const HOST_REGISTER_FLAGS: &[(&str, c_uint)] = &[
+    ("hipHostRegisterDefault", HIP_HOST_REGISTER_DEFAULT),
+    ("hipHostRegisterPortable", HIP_HOST_REGISTER_PORTABLE),
+    ("hipHostRegisterMapped", HIP_HOST_REGISTER_MAPPED),
+    ("hipHostRegisterIoMemory", HIP_HOST_REGISTER_IO_MEMORY),
+    ("hipHostRegisterReadOnly", HIP_HOST_REGISTER_READ_ONLY),
+    ("hipExtHostRegisterCoarseGrained", HIP_EXT_HOST_REGISTER_COARSE_GRAINED),
+];
+
 /// `#define hipStreamNonBlocking 0x01`, ROCm 5.2.3 hip_runtime_api.h (also ROCm 6.x/7.x).
 pub const HIP_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `#define hipEventDefault 0x0`, ROCm 5.2.3 hip_runtime_api.h: timing stays enabled, which
@@ -327,9 +381,9 @@ symbol_table! {
         hipGetDeviceProperties: fn(*mut c_void, c_int) -> HipStatus;
         hipMalloc: fn(*mut *mut c_void, usize) -> HipStatus;
         hipFree: fn(*mut c_void) -> HipStatus;
-        hipHostMalloc: fn(*mut *mut c_void, usize, c_uint) -> HipStatus;
+        hipHostRegister: fn(*mut c_void, usize, c_uint) -> HipStatus;
         hipHostGetDevicePointer: fn(*mut *mut c_void, *mut c_void, c_uint) -> HipStatus;
-        hipHostFree: fn(*mut c_void) -> HipStatus;
+        hipHostUnregister: fn(*mut c_void) -> HipStatus;
         hipMemcpyHtoD: fn(*mut c_void, *const c_void, usize) -> HipStatus;
         hipMemcpyDtoH: fn(*mut c_void, *mut c_void, usize) -> HipStatus;
         hipMemcpyAsync: fn(*mut c_void, *const c_void, usize, c_int, *mut c_void) -> HipStatus;
