@@ -419,6 +419,210 @@ fn max_clients_refuses_extra_connections() {
     assert_eq!(collector.stats().refused_clients, 1);
 }
 
+/// Writes `records` as socket frames.
+fn send_records(s: &mut UnixStream, records: &[Record]) {
+    let mut wire = Vec::new();
+    for r in records {
+        push_frame(&mut wire, &enc(r)).unwrap();
+    }
+    s.write_all(&wire).unwrap();
+}
+
+/// Whether the collector closed `s` (reads see the end of the stream) rather than keeping it.
+fn closed_by_collector(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    match s.read(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => panic!("the collector never writes"),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn wait_closed(s: &mut UnixStream) -> bool {
+    wait_until(Duration::from_secs(5), || closed_by_collector(s))
+}
+
+#[test]
+fn silent_clients_in_every_slot_do_not_lock_out_a_real_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.qsr");
+    let sock = dir.path().join("c.sock");
+    // No minimum idle time: the test does not wait for one (the next test covers it).
+    let options =
+        CollectOptions { max_clients: 4, evict_idle_after: Duration::ZERO, ..CollectOptions::default() };
+    let collector = Collector::start_with(&Address::Unix(sock.clone()), &out, options).unwrap();
+    let addr = collector.local_address().clone();
+    let mut silent: Vec<UnixStream> = (0..4).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    assert!(wait_until(Duration::from_secs(5), || collector.stats().active_clients == 4));
+
+    // A real client, as the shim sends: session, observations, closing record.
+    assert_eq!(run_session(&addr, 9, 500, 5, None), 501);
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 502),
+        "{:?}",
+        collector.stats()
+    );
+    let st = collector.stats();
+    assert_eq!((st.evicted_clients, st.refused_clients, st.bad_clients), (1, 0, 0), "{st:?}");
+    // The one idle longest made room; the others still have their slots.
+    assert!(wait_closed(&mut silent[0]), "the oldest silent connection must be closed");
+    for s in &mut silent[1..] {
+        assert!(!closed_by_collector(s));
+    }
+    let summary = collector.shutdown();
+    assert_eq!(summary.stats.evicted_clients, 1);
+    let records = decode_all(&read_run_file(&out).unwrap().payloads);
+    assert_eq!(records.len(), 502);
+    assert!(records.iter().all(|r| r.session_id() == 9));
+}
+
+#[test]
+fn eviction_takes_silent_connections_first_and_keeps_what_an_evicted_client_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.qsr");
+    let sock = dir.path().join("c.sock");
+    let options =
+        CollectOptions { max_clients: 2, evict_idle_after: Duration::ZERO, ..CollectOptions::default() };
+    let collector = Collector::start_with(&Address::Unix(sock.clone()), &out, options).unwrap();
+    let batch = |id: u64| -> Vec<Record> {
+        let mut v = vec![session(id)];
+        v.extend((0..3).map(|seq| observation(id, seq, seq, false)));
+        v
+    };
+    // A client that sent records and went quiet without closing, then a silent one.
+    let mut quiet = UnixStream::connect(&sock).unwrap();
+    send_records(&mut quiet, &batch(21));
+    assert!(wait_until(Duration::from_secs(10), || collector.stats().records == 4));
+    let mut silent = UnixStream::connect(&sock).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || collector.stats().active_clients == 2));
+
+    // A newcomer: the silent connection goes, though the quiet one is older.
+    let mut first = UnixStream::connect(&sock).unwrap();
+    send_records(&mut first, &batch(22));
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 8),
+        "{:?}",
+        collector.stats()
+    );
+    assert!(wait_closed(&mut silent));
+    assert!(!closed_by_collector(&mut quiet));
+
+    // Every slot holds a client that sent records: the one idle longest goes, and what it sent
+    // stays in the run file.
+    let mut second = UnixStream::connect(&sock).unwrap();
+    send_records(&mut second, &batch(23));
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 12),
+        "{:?}",
+        collector.stats()
+    );
+    assert!(wait_closed(&mut quiet));
+    assert!(!closed_by_collector(&mut first));
+    assert!(!closed_by_collector(&mut second));
+
+    let summary = collector.shutdown();
+    let st = &summary.stats;
+    assert_eq!((st.evicted_clients, st.refused_clients, st.bad_clients, st.clients), (2, 0, 0, 4), "{st:?}");
+    let records = decode_all(&read_run_file(&out).unwrap().payloads);
+    for id in [21, 22, 23] {
+        assert_eq!(records.iter().filter(|r| r.session_id() == id).count(), 4, "session {id}");
+    }
+}
+
+/// What eviction costs a real shim client: its next write finds the connection closed, the
+/// records of that write are counted as dropped, and it reconnects at once, resending its
+/// session record; everything else arrives.
+#[test]
+fn an_evicted_shim_client_reconnects_and_resends_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.qsr");
+    let sock = dir.path().join("c.sock");
+    let options =
+        CollectOptions { max_clients: 1, evict_idle_after: Duration::ZERO, ..CollectOptions::default() };
+    let collector = Collector::start_with(&Address::Unix(sock.clone()), &out, options).unwrap();
+    let client = Client::start(collector.local_address().clone(), client_options(41));
+    for seq in 0..5 {
+        assert!(client.send(enc(&observation(41, 0, seq, false))));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 6),
+        "{:?}",
+        collector.stats()
+    );
+
+    // A newcomer takes the only slot; the shim's connection is read to its end and closed.
+    let mut newcomer = UnixStream::connect(&sock).unwrap();
+    send_records(&mut newcomer, &[session(42)]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        let st = collector.stats();
+        st.records == 7 && st.active_clients == 1
+    }));
+    assert_eq!(collector.stats().evicted_clients, 1);
+
+    // The shim goes on: its reconnection takes the slot back from the (now idle) newcomer.
+    for seq in 5..25 {
+        assert!(client.send(enc(&observation(41, 0, seq, false))));
+    }
+    let cs = client.close(|dropped| enc(&closing(41, dropped)), Duration::from_secs(10));
+    assert_eq!(cs.reconnects, 1, "{cs:?}");
+    assert!((1..=20).contains(&cs.dropped), "the write that found the close is lost: {cs:?}");
+    assert_eq!(cs.sent + cs.dropped, 26, "{cs:?}");
+    let expected = 7 + 1 + (20 - cs.dropped) + 1;
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == expected),
+        "{:?}",
+        collector.stats()
+    );
+    let summary = collector.shutdown();
+    assert_eq!(summary.stats.evicted_clients, 2);
+    let records = decode_all(&read_run_file(&out).unwrap().payloads);
+    let mine: Vec<&Record> = records.iter().filter(|r| r.session_id() == 41).collect();
+    assert_eq!(mine.iter().filter(|r| matches!(r, Record::Session(_))).count(), 2, "session resent");
+    assert!(matches!(mine.last().unwrap(), Record::Closing(c) if c.dropped == cs.dropped));
+    assert_eq!(records.iter().filter(|r| r.session_id() == 42).count(), 1, "the newcomer's record is kept");
+}
+
+#[test]
+fn clients_idle_for_less_than_the_minimum_are_not_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.qsr");
+    let sock = dir.path().join("c.sock");
+    // As long as a real shim may stay quiet between bursts in this test: never reached.
+    let options = CollectOptions {
+        max_clients: 2,
+        evict_idle_after: Duration::from_secs(3600),
+        ..CollectOptions::default()
+    };
+    let collector = Collector::start_with(&Address::Unix(sock.clone()), &out, options).unwrap();
+    let mut quiet = UnixStream::connect(&sock).unwrap();
+    send_records(&mut quiet, &[session(31)]);
+    let mut silent = UnixStream::connect(&sock).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || {
+        let st = collector.stats();
+        st.records == 1 && st.active_clients == 2
+    }));
+
+    // The newcomer is refused: neither connection has been idle long enough.
+    let mut extra = UnixStream::connect(&sock).unwrap();
+    assert!(wait_closed(&mut extra), "the extra connection must be closed");
+    let st = collector.stats();
+    assert_eq!((st.refused_clients, st.evicted_clients), (1, 0), "{st:?}");
+    assert!(!closed_by_collector(&mut quiet));
+    assert!(!closed_by_collector(&mut silent));
+
+    // After its quiet spell the client is still served.
+    send_records(&mut quiet, &[observation(31, 0, 0, false), closing(31, 0)]);
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 3),
+        "{:?}",
+        collector.stats()
+    );
+    let summary = collector.shutdown();
+    assert_eq!((summary.stats.refused_clients, summary.stats.evicted_clients), (1, 0));
+    assert_eq!(decode_all(&read_run_file(&out).unwrap().payloads).len(), 3);
+}
+
 #[test]
 fn restart_on_an_existing_file_appends_after_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();

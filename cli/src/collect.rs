@@ -10,6 +10,16 @@
 //! sockets fill, and the clients drop records on their side: the collector's memory stays
 //! bounded.
 //!
+//! Slots: at most `max_clients` connections are served at once. A connection that stays
+//! silent (or stops sending without closing) must not keep a slot from a real client for ever,
+//! and a real shim may be silent for minutes between GEMM bursts, so nothing is closed for
+//! being idle alone: only when every slot is taken and a new client arrives, the connection
+//! idle longest is closed to make room, provided it has been idle at least `evict_idle_after`
+//! (one that never sent a record goes before one that did). What it sent is kept: it is read to
+//! the end, like at shutdown, before it is closed. The shim's client notices the close before
+//! its next write and reconnects at once, resending its session record; the records gathered
+//! for that write are counted as dropped on its side (its delivery is at most once).
+//!
 //! The in-process API ([`Collector`]) serves the demo, the tests and the benchmarks.
 
 use quantshadow_runtime::record::{self, Record, RecordError};
@@ -45,12 +55,20 @@ pub struct Args {
     /// Connections served at once; further ones are refused
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_clients: u32,
+    /// With every --max-clients slot taken, a new connection closes the one idle longest if it
+    /// has been idle (no record received) this long; otherwise the new one is refused
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub evict_idle_after: u64,
 }
 
 pub fn main(args: Args) -> ExitCode {
     let listen = args.listen.clone().unwrap_or_else(default_address);
     install_signal_handlers();
-    let options = CollectOptions { max_clients: args.max_clients as usize, ..CollectOptions::default() };
+    let options = CollectOptions {
+        max_clients: args.max_clients as usize,
+        evict_idle_after: Duration::from_secs(args.evict_idle_after),
+        ..CollectOptions::default()
+    };
     let collector = match Collector::start_with(&listen, &args.out, options) {
         Ok(c) => c,
         Err(e) => {
@@ -75,7 +93,7 @@ pub fn main(args: Args) -> ExitCode {
         let st = &summary.stats;
         eprintln!(
             "quantshadow collect: {} records ({} sessions, {} sites, {} failing) from {} connections \
-             appended to {} in {:.1} s{}{}",
+             appended to {} in {:.1} s{}{}{}",
             st.records,
             st.sessions,
             st.sites,
@@ -85,6 +103,14 @@ pub fn main(args: Args) -> ExitCode {
             summary.elapsed.as_secs_f64(),
             if st.bad_clients > 0 {
                 format!("; {} bad clients disconnected", st.bad_clients)
+            } else {
+                String::new()
+            },
+            if st.evicted_clients + st.refused_clients > 0 {
+                format!(
+                    "; {} idle clients closed to make room, {} refused (all {} slots busy)",
+                    st.evicted_clients, st.refused_clients, args.max_clients
+                )
             } else {
                 String::new()
             },
@@ -190,8 +216,13 @@ pub enum CollectError {
 
 #[derive(Debug, Clone)]
 pub struct CollectOptions {
-    /// Connections served at once; further ones are closed at once (and counted).
+    /// Connections served at once; further ones are closed at once (and counted), unless one
+    /// can be evicted (see `evict_idle_after`).
     pub max_clients: usize,
+    /// With `max_clients` connections open, a new one closes the connection idle longest (no
+    /// complete frame received for this long; never-sent connections first) instead of being
+    /// refused. Long enough that a client in the middle of its work is never chosen.
+    pub evict_idle_after: Duration,
     /// Decode every payload (rejecting clients that send garbage) and count sessions, sites
     /// and failing sites. `false` stores frames unchecked: for measuring the transport alone.
     pub validate: bool,
@@ -201,7 +232,12 @@ pub struct CollectOptions {
 
 impl Default for CollectOptions {
     fn default() -> Self {
-        CollectOptions { max_clients: 256, validate: true, thresholds: Thresholds::default() }
+        CollectOptions {
+            max_clients: 256,
+            evict_idle_after: Duration::from_secs(10),
+            validate: true,
+            thresholds: Thresholds::default(),
+        }
     }
 }
 
@@ -230,8 +266,11 @@ pub struct CollectStats {
     /// not in the session/site counters. Included in `records`. (A record of another major
     /// closes its connection as bad: this build's report refuses a file holding one.)
     pub unreadable_records: u64,
-    /// Connections refused because `max_clients` were open.
+    /// Connections refused because `max_clients` were open and none had been idle long enough
+    /// to be evicted.
     pub refused_clients: u64,
+    /// Idle connections closed to make room for a new one (everything they sent is kept).
+    pub evicted_clients: u64,
     /// Records lost to write errors on the run file.
     pub lost_records: u64,
 }
@@ -287,8 +326,35 @@ struct Shared {
     bad: AtomicU64,
     unreadable: AtomicU64,
     refused: AtomicU64,
+    evicted: AtomicU64,
     lost: AtomicU64,
-    conns: Mutex<Vec<JoinHandle<()>>>,
+    conns: Mutex<Vec<Conn>>,
+    /// Origin of the connections' activity times.
+    epoch: Instant,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+/// A connection's thread and what the acceptor needs to choose one to evict.
+struct Conn {
+    thread: JoinHandle<()>,
+    state: Arc<ConnState>,
+}
+
+struct ConnState {
+    id: u64,
+    label: String,
+    /// When the last complete frame was received (or the connection accepted), in
+    /// nanoseconds since [`Shared::epoch`].
+    last_frame_ns: AtomicU64,
+    /// Frames received so far.
+    frames: AtomicU64,
+    /// Set by the acceptor: read what the client already sent, then close.
+    evict: AtomicBool,
 }
 
 enum Listener {
@@ -380,8 +446,10 @@ impl Collector {
             bad: AtomicU64::new(0),
             unreadable: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             conns: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
         });
         let (tx, rx) = mpsc::sync_channel::<FrameBatch>(WRITER_QUEUE);
         let cleanup = |socket_file: &Option<(PathBuf, u64)>| {
@@ -454,6 +522,7 @@ impl Collector {
             bad_clients: s.bad.load(Ordering::Relaxed),
             unreadable_records: s.unreadable.load(Ordering::Relaxed),
             refused_clients: s.refused.load(Ordering::Relaxed),
+            evicted_clients: s.evicted.load(Ordering::Relaxed),
             lost_records: s.lost.load(Ordering::Relaxed),
         }
     }
@@ -474,7 +543,7 @@ impl Collector {
         // The acceptor has exited, so no connection thread is added after this.
         let conns = std::mem::take(&mut *s.conns.lock().unwrap_or_else(|e| e.into_inner()));
         for c in conns {
-            let _ = c.join();
+            let _ = c.thread.join();
         }
         let error = match self.writer.take().map(|w| w.join()) {
             Some(Ok(Ok(()))) | None => None,
@@ -598,22 +667,28 @@ fn accept_loop(listener: Listener, tx: SyncSender<FrameBatch>, shared: &Arc<Shar
             }
         };
         let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|h| !h.is_finished());
-        if conns.len() >= shared.options.max_clients {
+        conns.retain(|c| !c.thread.is_finished());
+        if let Err(why) = make_room(&conns, &peer, shared) {
             shared.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("refusing connection from {peer}: {} clients already connected", conns.len());
+            tracing::warn!("refusing connection from {peer}: {why}");
             continue;
         }
         next_id += 1;
-        let label = format!("client {next_id} ({peer})");
-        let (tx, sh) = (tx.clone(), shared.clone());
+        let state = Arc::new(ConnState {
+            id: next_id,
+            label: format!("client {next_id} ({peer})"),
+            last_frame_ns: AtomicU64::new(shared.now_ns()),
+            frames: AtomicU64::new(0),
+            evict: AtomicBool::new(false),
+        });
+        let (tx, sh, st) = (tx.clone(), shared.clone(), state.clone());
         shared.clients.fetch_add(1, Ordering::Relaxed);
         shared.active.fetch_add(1, Ordering::Relaxed);
         match thread::Builder::new().name(format!("qs-collect-{next_id}")).spawn(move || {
-            serve(stream, &label, &tx, &sh);
+            serve(stream, &st, &tx, &sh);
             sh.active.fetch_sub(1, Ordering::Relaxed);
         }) {
-            Ok(h) => conns.push(h),
+            Ok(thread) => conns.push(Conn { thread, state }),
             Err(e) => {
                 shared.active.fetch_sub(1, Ordering::Relaxed);
                 shared.refused.fetch_add(1, Ordering::Relaxed);
@@ -621,6 +696,48 @@ fn accept_loop(listener: Listener, tx: SyncSender<FrameBatch>, shared: &Arc<Shar
             }
         }
     }
+}
+
+/// Frees a slot for a new connection from `peer` if every one is taken, by asking the
+/// connection idle longest (at least `evict_idle_after`; one that never sent a frame first) to
+/// close; `Err(why)` when the new one must be refused. Never waits: the evicted connection's
+/// thread reads what its client already sent and closes on its own, within about a second.
+fn make_room(conns: &[Conn], peer: &str, shared: &Shared) -> Result<(), String> {
+    let max = shared.options.max_clients;
+    let open = conns.iter().filter(|c| !c.state.evict.load(Ordering::Relaxed)).count();
+    if open < max {
+        return Ok(());
+    }
+    // Connections still closing hold memory too: bound them as well.
+    if conns.len() >= 2 * max {
+        return Err(format!("{open} clients connected and {} still closing", conns.len() - open));
+    }
+    let now = shared.now_ns();
+    let min_idle = shared.options.evict_idle_after.as_nanos() as u64;
+    let victim = conns
+        .iter()
+        .filter(|c| !c.state.evict.load(Ordering::Relaxed))
+        .map(|c| {
+            let idle = now.saturating_sub(c.state.last_frame_ns.load(Ordering::Relaxed));
+            (c.state.frames.load(Ordering::Relaxed), idle, c)
+        })
+        .filter(|&(_, idle, _)| idle >= min_idle)
+        // Never sent a frame before sent some; then idle longest; then oldest.
+        .max_by_key(|&(frames, idle, c)| (frames == 0, idle, std::cmp::Reverse(c.state.id)));
+    let Some((frames, idle, c)) = victim else {
+        return Err(format!(
+            "{open} clients connected, none idle for {:.1} s or more",
+            shared.options.evict_idle_after.as_secs_f64()
+        ));
+    };
+    c.state.evict.store(true, Ordering::Relaxed);
+    shared.evicted.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        "{}: idle for {:.1} s after {frames} records; closing it to make room for {peer} ({open} clients connected)",
+        c.state.label,
+        idle as f64 / 1e9
+    );
+    Ok(())
 }
 
 fn peer_pid(s: &UnixStream) -> Option<i32> {
@@ -699,8 +816,9 @@ enum End {
     WriterGone,
 }
 
-fn serve(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shared) {
-    let end = serve_frames(stream, label, tx, shared);
+fn serve(stream: Stream, conn: &ConnState, tx: &SyncSender<FrameBatch>, shared: &Shared) {
+    let label = conn.label.as_str();
+    let end = serve_frames(stream, conn, tx, shared);
     match end {
         End::Done | End::WriterGone => tracing::debug!("{label}: disconnected"),
         End::Lost(why) => tracing::debug!("{label}: connection lost: {why}"),
@@ -711,7 +829,8 @@ fn serve(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shar
     }
 }
 
-fn serve_frames(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared: &Shared) -> End {
+fn serve_frames(stream: Stream, conn: &ConnState, tx: &SyncSender<FrameBatch>, shared: &Shared) -> End {
+    let label = conn.label.as_str();
     if let Err(e) = stream.set_read_timeout(POLL_INTERVAL) {
         return End::Lost(format!("cannot set a read timeout: {e}"));
     }
@@ -720,6 +839,8 @@ fn serve_frames(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared
     let mut catalog = LocalCatalog::default();
     let mut draining_until: Option<Instant> = None;
     let mut received = 0u64;
+    // Frames already reported in `conn` (activity is noted once per buffer-full, not per frame).
+    let mut noted = 0u64;
     let mut unreadable = 0u64;
     let validate = shared.options.validate;
     let hand_over = |batch: &mut FrameBatch, catalog: &mut LocalCatalog| -> bool {
@@ -734,6 +855,11 @@ fn serve_frames(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared
         // About to read from the socket (which may wait): pass on what we have first, so a
         // quiet client's records reach the file promptly.
         if !reader.has_buffered_frame() {
+            if received != noted {
+                noted = received;
+                conn.frames.store(received, Ordering::Relaxed);
+                conn.last_frame_ns.store(shared.now_ns(), Ordering::Relaxed);
+            }
             if !hand_over(&mut batch, &mut catalog) {
                 break End::WriterGone;
             }
@@ -743,9 +869,14 @@ fn serve_frames(stream: Stream, label: &str, tx: &SyncSender<FrameBatch>, shared
                 reader.set_deadline(Some(Instant::now() + POLL_INTERVAL));
             }
         }
-        if draining_until.is_none() && shared.stop.load(Ordering::Relaxed) {
-            let stop_at =
-                shared.stop_at.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now);
+        let evicted = conn.evict.load(Ordering::Relaxed);
+        if draining_until.is_none() && (evicted || shared.stop.load(Ordering::Relaxed)) {
+            // Evicted: what the client sent before the close is read and kept, as at shutdown.
+            let stop_at = if evicted {
+                Instant::now()
+            } else {
+                shared.stop_at.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now)
+            };
             draining_until = Some(stop_at + DRAIN_MAX);
             reader.set_deadline(draining_until);
             let _ = reader.get_ref().set_read_timeout(DRAIN_READ_TIMEOUT);

@@ -14,6 +14,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// First bytes of every run file.
@@ -110,18 +111,259 @@ fn check_header(h: &[u8; HEADER_LEN as usize], path: &str) -> Result<(), RunFile
 /// How far past a damaged frame the reader looks for the next valid one.
 pub const MAX_RESYNC_BYTES: u64 = 256 << 20;
 
-/// Position of the first complete, CRC-valid frame in `data` (a frame header then payload).
-/// A false match needs a plausible length and a 32-bit CRC collision: about 2^-32 per position.
-fn next_valid_frame(data: &[u8]) -> Option<usize> {
-    let header = FRAME_HEADER_LEN;
-    (0..data.len().saturating_sub(header)).find(|&p| {
-        let len = u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]]);
-        if len == 0 || len > MAX_PAYLOAD_BYTES || p + header + len as usize > data.len() {
-            return false;
+/// Work done looking for good frames after damaged ones ([`RunReader::resync_stats`]). A
+/// search must cost about one pass over the bytes it looks at, whatever garbage it meets: these
+/// counters let tests (and diagnostics) check that.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResyncStats {
+    /// Searches run (damaged frames met).
+    pub searches: u64,
+    /// Bytes after the damaged frames that the searches looked at (up to the last byte each
+    /// one needed).
+    pub bytes_examined: u64,
+    /// Bytes the searches fed to CRC-32.
+    pub bytes_hashed: u64,
+    /// Positions whose length was plausible and whose payload fitted: the ones whose CRC was
+    /// checked.
+    pub candidates: u64,
+}
+
+// Finding the next good frame after damage
+//
+// The answer is the first position of the window where a frame checks out: a length of 1 to
+// MAX_PAYLOAD_BYTES, a payload that fits in the window, and a payload CRC equal to the stored
+// one. Hashing each candidate's payload on its own costs its length, and garbage has a
+// plausible length at about one position in 256, averaging 8 MiB: a 64 MiB damaged region
+// took half a minute. Instead the CRC of any payload comes from CRCs of window prefixes, since
+// CRC-32 is linear over GF(2) (zlib's crc32_combine, solved for the second part):
+//     crc(d[a..b]) = crc(d[..b]) ^ crc(d[..a]) * x^(8 (b - a))  mod P.
+// Prefix CRCs are kept every CHECKPOINT_EVERY bytes, each byte hashed once; a prefix in between
+// costs fewer than CHECKPOINT_EVERY bytes more, and the product two multiplications modulo P
+// with tabulated powers of x. A search thus costs one hash of the bytes it looks at plus a
+// constant per candidate, and reads the file only as far as it looks.
+//
+// Positions are tried in the same order and accepted by the same test as a direct search (the
+// CRC equality is exact, only computed another way), so the result is the direct search's:
+// every frame it would find is found, and a false match still needs a 32-bit CRC collision.
+
+/// Spacing of the prefix CRCs a search keeps (4 bytes of memory per this many looked at).
+const CHECKPOINT_EVERY: usize = 16;
+/// Payloads up to this length are hashed directly: no dearer than two prefix lookups.
+const HASH_DIRECTLY: usize = CHECKPOINT_EVERY;
+/// Least the window grows by when a search needs more of the file.
+const RESYNC_READ_CHUNK: usize = 256 << 10;
+
+/// CRC-32 (IEEE 802.3) polynomial in the reflected bit order crc32fast uses: bit 31 holds
+/// x^0, bit 0 holds x^31, and x^32 is implied.
+const CRC_POLY: u32 = 0xedb8_8320;
+/// x^0 in that order.
+const CRC_ONE: u32 = 1 << 31;
+
+const fn crc_table() -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { (c >> 1) ^ CRC_POLY } else { c >> 1 };
+            k += 1;
         }
-        let crc = u32::from_le_bytes([data[p + 4], data[p + 5], data[p + 6], data[p + 7]]);
-        crc32fast::hash(&data[p + header..p + header + len as usize]) == crc
-    })
+        t[i] = c;
+        i += 1;
+    }
+    t
+}
+
+static CRC_TABLE: [u32; 256] = crc_table();
+
+/// `v * x^8 mod P`: the CRC register after one zero byte.
+fn crc_mul_x8(v: u32) -> u32 {
+    (v >> 8) ^ CRC_TABLE[(v & 0xff) as usize]
+}
+
+/// `a * b mod P`, both in the reflected order.
+fn crc_mul(a: u32, b: u32) -> u32 {
+    // Carry-less product, four bits of `a` at a time. In the reflected order bit i of each
+    // factor is x^(31 - i), so bit m of the integer product is x^(62 - m); shifted left by one,
+    // its high word is the product's x^0..x^31 and its low word x^32..x^63, i.e. lo * x^32.
+    let mut multiples = [0u64; 16];
+    for k in 1..16usize {
+        let low = k & k.wrapping_neg();
+        multiples[k] = multiples[k ^ low] ^ ((b as u64) << low.trailing_zeros());
+    }
+    let mut p = 0u64;
+    for i in (0..8).rev() {
+        p = (p << 4) ^ multiples[((a >> (4 * i)) & 15) as usize];
+    }
+    let p = p << 1;
+    let mut lo = p as u32;
+    for _ in 0..4 {
+        lo = crc_mul_x8(lo);
+    }
+    (p >> 32) as u32 ^ lo
+}
+
+/// `x^(8 n) mod P` for n up to 2^24 (covers every payload length).
+fn crc_x8n(n: usize) -> u32 {
+    const LOW_BITS: usize = 12;
+    const LOW: usize = 1 << LOW_BITS;
+    const HIGH: usize = (MAX_PAYLOAD_BYTES as usize >> LOW_BITS) + 1;
+    /// `low[i] = x^(8 i)`, `high[j] = x^(8 j 2^12)`.
+    struct Powers {
+        low: [u32; LOW],
+        high: [u32; HIGH],
+    }
+    static POWERS: OnceLock<Box<Powers>> = OnceLock::new();
+    let p = POWERS.get_or_init(|| {
+        let mut p = Box::new(Powers { low: [CRC_ONE; LOW], high: [CRC_ONE; HIGH] });
+        for i in 1..LOW {
+            p.low[i] = crc_mul_x8(p.low[i - 1]);
+        }
+        let step = crc_mul_x8(p.low[LOW - 1]);
+        for j in 1..HIGH {
+            p.high[j] = crc_mul(p.high[j - 1], step);
+        }
+        p
+    });
+    debug_assert!(n < LOW * HIGH);
+    let (low, high) = (p.low[n % LOW], p.high[n / LOW]);
+    if n < LOW {
+        low
+    } else {
+        crc_mul(low, high)
+    }
+}
+
+/// The CRC-32 state `state` (as crc32fast keeps it) continued over `bytes`.
+fn crc_continue(state: u32, bytes: &[u8]) -> u32 {
+    if bytes.len() >= 64 {
+        let mut h = crc32fast::Hasher::new_with_initial(state);
+        h.update(bytes);
+        return h.finalize();
+    }
+    let mut r = !state;
+    for &b in bytes {
+        r = (r >> 8) ^ CRC_TABLE[((r ^ b as u32) & 0xff) as usize];
+    }
+    !r
+}
+
+/// The bytes after a damaged frame, read from the file only as far as a search needs them, up
+/// to a cap.
+struct ResyncWindow<'r, R> {
+    data: Vec<u8>,
+    inner: &'r mut R,
+    cap: usize,
+    at_end: bool,
+    /// The furthest byte a search asked for.
+    wanted: usize,
+}
+
+impl<R: Read> ResyncWindow<'_, R> {
+    /// Makes `data[..n]` present if the file has it within the cap; returns how much of it is.
+    fn ensure(&mut self, n: usize) -> io::Result<usize> {
+        self.wanted = self.wanted.max(n);
+        let have = self.data.len();
+        if n > have && !self.at_end {
+            // Grow geometrically so a window read in small steps is copied a bounded number
+            // of times.
+            let target = n.max(have + (have / 2).max(RESYNC_READ_CHUNK)).min(self.cap);
+            self.data.resize(target, 0);
+            let got = read_full(&mut *self.inner, &mut self.data[have..]);
+            let got = got.inspect_err(|_| self.data.truncate(have))?;
+            self.data.truncate(have + got);
+            self.at_end = self.data.len() < target || self.data.len() >= self.cap;
+        }
+        Ok(n.min(self.data.len()))
+    }
+
+    fn examined(&self) -> usize {
+        self.wanted.min(self.data.len())
+    }
+}
+
+/// Prefix CRCs of a window, kept every [`CHECKPOINT_EVERY`] bytes.
+struct PrefixCrcs {
+    /// `checkpoints[j]` is the CRC-32 of `data[..j * CHECKPOINT_EVERY]`.
+    checkpoints: Vec<u32>,
+    /// The last payload start asked for and its prefix CRC: starts only move forward, by a
+    /// few bytes where candidates are dense.
+    last_start: Option<(usize, u32)>,
+    hashed: u64,
+}
+
+impl PrefixCrcs {
+    fn new() -> Self {
+        PrefixCrcs { checkpoints: vec![0], last_start: None, hashed: 0 }
+    }
+
+    /// CRC-32 of `data[..end]`.
+    fn prefix(&mut self, data: &[u8], end: usize) -> u32 {
+        let j = end / CHECKPOINT_EVERY;
+        while self.checkpoints.len() <= j {
+            let i = self.checkpoints.len();
+            let block = &data[(i - 1) * CHECKPOINT_EVERY..i * CHECKPOINT_EVERY];
+            self.checkpoints.push(crc_continue(self.checkpoints[i - 1], block));
+            self.hashed += CHECKPOINT_EVERY as u64;
+        }
+        let tail = &data[j * CHECKPOINT_EVERY..end];
+        self.hashed += tail.len() as u64;
+        crc_continue(self.checkpoints[j], tail)
+    }
+
+    /// CRC-32 of `data[start..end]`.
+    fn range(&mut self, data: &[u8], start: usize, end: usize) -> u32 {
+        if end - start <= HASH_DIRECTLY {
+            self.hashed += (end - start) as u64;
+            return crc32fast::hash(&data[start..end]);
+        }
+        let a = match self.last_start {
+            Some((at, crc)) if at <= start && start - at < start % CHECKPOINT_EVERY => {
+                self.hashed += (start - at) as u64;
+                crc_continue(crc, &data[at..start])
+            }
+            _ => self.prefix(data, start),
+        };
+        self.last_start = Some((start, a));
+        let b = self.prefix(data, end);
+        b ^ crc_mul(a, crc_x8n(end - start))
+    }
+}
+
+/// Position of the first complete, CRC-valid frame in the window (a frame header then its
+/// payload). A false match needs a plausible length and a 32-bit CRC collision: about 2^-32
+/// per position. See "Finding the next good frame after damage" above for the cost.
+fn next_valid_frame<R: Read>(
+    w: &mut ResyncWindow<'_, R>,
+    stats: &mut ResyncStats,
+) -> io::Result<Option<usize>> {
+    let header = FRAME_HEADER_LEN;
+    let mut crcs = PrefixCrcs::new();
+    let mut found = None;
+    let mut p = 0;
+    // A frame needs its header and at least one payload byte.
+    while w.ensure(p + header + 1)? == p + header + 1 {
+        let d = &w.data;
+        let len = u32::from_le_bytes([d[p], d[p + 1], d[p + 2], d[p + 3]]);
+        if (1..=MAX_PAYLOAD_BYTES).contains(&len) {
+            let end = p + header + len as usize;
+            if w.ensure(end)? == end {
+                stats.candidates += 1;
+                let d = &w.data;
+                let crc = u32::from_le_bytes([d[p + 4], d[p + 5], d[p + 6], d[p + 7]]);
+                if crcs.range(d, p + header, end) == crc {
+                    found = Some(p);
+                    break;
+                }
+            }
+        }
+        p += 1;
+    }
+    stats.searches += 1;
+    stats.bytes_examined += w.examined() as u64;
+    stats.bytes_hashed += crcs.hashed;
+    Ok(found)
 }
 
 /// Reads until `buf` is full or EOF; returns the number of bytes read. Unlike `read_exact`,
@@ -147,6 +389,7 @@ pub struct RunReader<R = BufReader<File>> {
     pending: Option<std::io::Cursor<Vec<u8>>>,
     /// Damaged regions skipped in the middle of the file (each followed by good frames).
     damaged: Vec<TornTail>,
+    resync: ResyncStats,
     path: String,
     /// End of the last good frame.
     offset: u64,
@@ -178,6 +421,7 @@ impl<R: Read> RunReader<R> {
             inner,
             pending: None,
             damaged: Vec::new(),
+            resync: ResyncStats::default(),
             path,
             offset: HEADER_LEN,
             records: 0,
@@ -276,19 +520,25 @@ impl<R: Read> RunReader<R> {
         reason: String,
         buf: &mut Vec<u8>,
     ) -> Result<bool, RunFileError> {
-        let mut data = Vec::with_capacity(fh.len() + payload.len());
+        let mut data = Vec::with_capacity(fh.len() + payload.len() + RESYNC_READ_CHUNK);
         data.extend_from_slice(&fh[1..]);
         data.extend_from_slice(payload);
-        let mut rest = Vec::new();
-        let limit = MAX_RESYNC_BYTES.saturating_sub(data.len() as u64);
-        if let Err(e) = self.pending.take().map_or(Ok(0), |mut p| p.read_to_end(&mut rest)).and_then(|_| {
-            (&mut self.inner).take(limit.saturating_sub(rest.len() as u64)).read_to_end(&mut rest)
-        }) {
-            self.done = true;
-            return Err(RunFileError::Io { path: self.path.clone(), source: e });
+        // Bytes read ahead by an earlier search come before the rest of the file.
+        if let Some(pending) = self.pending.take() {
+            let at = (pending.position() as usize).min(pending.get_ref().len());
+            data.extend_from_slice(&pending.get_ref()[at..]);
         }
-        data.extend_from_slice(&rest);
-        match next_valid_frame(&data) {
+        let cap = (MAX_RESYNC_BYTES as usize).max(data.len());
+        let mut window = ResyncWindow { data, inner: &mut self.inner, cap, at_end: false, wanted: 0 };
+        let found = match next_valid_frame(&mut window, &mut self.resync) {
+            Ok(found) => found,
+            Err(e) => {
+                self.done = true;
+                return Err(RunFileError::Io { path: self.path.clone(), source: e });
+            }
+        };
+        let data = window.data;
+        match found {
             Some(position) => {
                 let skipped = 1 + position as u64;
                 self.damaged.push(TornTail {
@@ -296,8 +546,9 @@ impl<R: Read> RunReader<R> {
                     reason: format!("{reason}; {skipped} bytes skipped"),
                 });
                 self.offset += skipped;
-                data.drain(..position);
-                self.pending = Some(std::io::Cursor::new(data));
+                let mut pending = std::io::Cursor::new(data);
+                pending.set_position(position as u64);
+                self.pending = Some(pending);
                 self.read_into(buf)
             }
             None => self.tear(reason),
@@ -307,6 +558,11 @@ impl<R: Read> RunReader<R> {
     /// Damaged regions skipped in the middle of the file (good frames follow each).
     pub fn damaged_regions(&self) -> &[TornTail] {
         &self.damaged
+    }
+
+    /// Work spent looking for good frames after damaged ones.
+    pub fn resync_stats(&self) -> ResyncStats {
+        self.resync
     }
 
     /// Set once reading stopped at a damaged frame.
@@ -643,5 +899,148 @@ mod tests {
         assert_eq!(b.bytes[4..8], crc32fast::hash(b"abc").to_le_bytes());
         assert_eq!(&b.bytes[8..], b"abc");
         assert!(b.push(b"").is_err());
+    }
+
+    /// Deterministic pseudo-random bytes (xorshift64*).
+    fn noise(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+            })
+            .collect()
+    }
+
+    /// The search as it was: every candidate's payload hashed on its own. The reference the
+    /// fast search must agree with exactly.
+    fn next_valid_frame_direct(data: &[u8]) -> Option<usize> {
+        let header = FRAME_HEADER_LEN;
+        (0..data.len().saturating_sub(header)).find(|&p| {
+            let len = u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]]);
+            if len == 0 || len > MAX_PAYLOAD_BYTES || p + header + len as usize > data.len() {
+                return false;
+            }
+            let crc = u32::from_le_bytes([data[p + 4], data[p + 5], data[p + 6], data[p + 7]]);
+            crc32fast::hash(&data[p + header..p + header + len as usize]) == crc
+        })
+    }
+
+    fn search(data: &[u8], cap: usize) -> (Option<usize>, ResyncStats) {
+        let mut inner = data;
+        let mut w = ResyncWindow { data: Vec::new(), inner: &mut inner, cap, at_end: false, wanted: 0 };
+        let mut stats = ResyncStats::default();
+        let found = next_valid_frame(&mut w, &mut stats).unwrap();
+        (found, stats)
+    }
+
+    #[test]
+    fn crc_of_a_range_from_prefix_crcs() {
+        let data = noise(7, 70_000);
+        let mut crcs = PrefixCrcs::new();
+        let mut rng = noise(8, 4000).into_iter();
+        let mut next = || rng.next().unwrap() as usize;
+        for i in 0..1000 {
+            let a = (next() << 8 | next()) % data.len();
+            // Short, checkpoint-straddling and long ranges, and the full 2^24 power table.
+            let span = match i % 4 {
+                0 => next() % 40,
+                1 => next() * 37 % 600,
+                _ => next() << 8 | next(),
+            };
+            let b = (a + span).min(data.len());
+            assert_eq!(crcs.range(&data, a, b), crc32fast::hash(&data[a..b]), "{a}..{b}");
+        }
+        // x^(8n) agrees with n zero bytes through the register, at the table's seams too;
+        // beyond, products of powers must add exponents.
+        let mut v = CRC_ONE;
+        for n in 0..=65_537usize {
+            if [0, 1, 4095, 4096, 4097, 65_536, 65_537].contains(&n) {
+                assert_eq!(crc_x8n(n), v, "n = {n}");
+            }
+            v = crc_mul_x8(v);
+        }
+        assert_eq!(crc_mul(crc_x8n(1 << 23), crc_x8n(1 << 23)), crc_x8n(1 << 24));
+        assert_eq!(crc_mul(crc_x8n(12_345), crc_x8n(4_000_000)), crc_x8n(4_012_345));
+        assert_eq!(crc_continue(0, &data[..1000]), crc32fast::hash(&data[..1000]));
+        assert_eq!(crc_continue(crc32fast::hash(&data[..10]), &data[10..50]), crc32fast::hash(&data[..50]));
+    }
+
+    /// Windows full of plausible lengths, real frames (some inside others' payloads, some cut
+    /// short, some with a wrong CRC) and noise: the fast search must pick exactly the position
+    /// the direct one picks, which makes it lose nothing the direct one keeps.
+    #[test]
+    fn fast_search_finds_what_the_direct_search_finds() {
+        let mut found = 0;
+        for case in 0..400u64 {
+            let mut rng = noise(case * 7919 + 1, 1 << 14).into_iter().cycle();
+            let mut next = || rng.next().unwrap();
+            let size = 64 + (next() as usize) * 8 + (next() as usize % 8);
+            let mut data = Vec::with_capacity(size + 600);
+            while data.len() < size {
+                match next() % 6 {
+                    // Bytes that make small plausible lengths common.
+                    0 | 1 => {
+                        data.extend((0..1 + next() % 12).map(|_| [0, 0, 1, next() % 40][next() as usize % 4]))
+                    }
+                    2 => data.extend((0..1 + next() % 12).map(|_| next())),
+                    _ => {
+                        let len = 1 + next() as usize % 300;
+                        let payload = noise(u64::from(next()) << 8 | u64::from(next()), len);
+                        let mut crc = crc32fast::hash(&payload);
+                        if next() % 4 == 0 {
+                            crc ^= 1 << (next() % 32);
+                        }
+                        data.extend_from_slice(&(len as u32).to_le_bytes());
+                        data.extend_from_slice(&crc.to_le_bytes());
+                        // Sometimes cut short: the frame runs into what follows.
+                        let keep = if next() % 5 == 0 { next() as usize % len } else { len };
+                        data.extend_from_slice(&payload[..keep]);
+                    }
+                }
+            }
+            // Skip the first frame header so that the search starts inside damage.
+            let start = next() as usize % 9;
+            let window = &data[start..];
+            let direct = next_valid_frame_direct(window);
+            let (fast, stats) = search(window, usize::MAX);
+            assert_eq!(fast, direct, "case {case}");
+            // A cap cuts the window short exactly as a shorter window would.
+            let cap = window.len() / 2;
+            assert_eq!(search(window, cap).0, next_valid_frame_direct(&window[..cap]), "case {case}, cap");
+            assert!(stats.bytes_examined <= window.len() as u64);
+            found += usize::from(direct.is_some());
+        }
+        assert!(found > 300, "the cases must mostly contain frames to find ({found})");
+    }
+
+    #[test]
+    fn search_work_is_linear_in_the_bytes_looked_at() {
+        // Every position has a plausible length (1, 2^24, 2^16, 2^8): the direct search hashes
+        // 2^16 bytes at every fourth position.
+        let mut data: Vec<u8> = [1u8, 0, 0, 0].repeat(200_000);
+        let payload = noise(3, 5000);
+        data.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        data.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        data.extend_from_slice(&payload);
+        let (found, stats) = search(&data, usize::MAX);
+        assert_eq!(found, Some(800_000));
+        assert_eq!(stats.bytes_examined, data.len() as u64);
+        // 2^24 does not fit; 2^16 fits but near the end.
+        assert!(stats.candidates >= 550_000, "{stats:?}");
+        // Checkpoints (one pass) plus at most two sub-checkpoint tails per candidate.
+        let bound = stats.bytes_examined + 2 * CHECKPOINT_EVERY as u64 * stats.candidates;
+        assert!(stats.bytes_hashed <= bound, "{stats:?}");
+        assert!(stats.bytes_hashed <= 8 * stats.bytes_examined, "{stats:?}");
+        // What the direct search would hash here: about 2^16 bytes per position.
+        let direct: u64 = (0..800_000usize)
+            .filter_map(|p| {
+                let len = u32::from_le_bytes(data[p..p + 4].try_into().unwrap()) as usize;
+                (len <= MAX_PAYLOAD_BYTES as usize && p + 8 + len <= data.len()).then_some(len as u64)
+            })
+            .sum();
+        assert!(direct > 1000 * stats.bytes_hashed, "direct {direct}, {stats:?}");
     }
 }
