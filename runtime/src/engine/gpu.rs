@@ -174,8 +174,6 @@ struct SiteGpu {
     c_copies: HashMap<usize, DeviceBuffer>,
     /// Detached sketch checks per sampled-row count (None: such calls cannot be detached).
     detached: HashMap<u64, Option<DetachedState>>,
-    /// Weight changes the device reported for this site that the weight was re-projected for.
-    weight_changes_seen: u32,
     /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
     /// reads C from it (the call overwrote C in place).
     c_saved: Option<(u64, u64)>,
@@ -686,9 +684,10 @@ pub struct GpuBackend {
     sites: Mutex<HashMap<u64, SiteGpu>>,
     /// site_id -> ordinal, for tagging results.
     ordinals: Mutex<HashMap<u64, u32>>,
-    /// site_id -> sketch results that found B changed since its projection (the poller counts,
-    /// the next call of the site re-projects; from WEIGHT_CHANGES_FOR_ROWS on, rows mode).
-    weight_changes: Mutex<HashMap<u64, u32>>,
+    /// site_id -> what sketch results said of B changing under its projection (the poller
+    /// notes it, the next call of the site re-projects; from WEIGHT_CHANGES_FOR_ROWS distinct
+    /// changes on, rows mode).
+    weight_changes: Mutex<HashMap<u64, WeightChanges>>,
     compiler: Compiler,
     sync_compile: bool,
     /// Low-priority stream for rows/full references outside graph captures.
@@ -932,7 +931,6 @@ impl GpuBackend {
                     rows_state: HashMap::new(),
                     detached: HashMap::new(),
                     c_copies: HashMap::new(),
-                    weight_changes_seen: 0,
                     c_saved: None,
                     weight_streams: Some(Vec::new()),
                 },
@@ -973,7 +971,7 @@ impl GpuBackend {
         }
         let changes =
             self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).get(&req.site_id).copied();
-        if changes.is_some_and(|c| c >= WEIGHT_CHANGES_FOR_ROWS) {
+        if changes.is_some_and(|c| c.distinct >= WEIGHT_CHANGES_FOR_ROWS) {
             // B keeps changing under the same pointer: not a static weight (an activation in
             // the B slot, recycled memory). A per-weight projection cannot serve it; check a row
             // sample exactly instead.
@@ -997,11 +995,11 @@ impl GpuBackend {
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
-        let changed = changes.filter(|c| *c > site.weight_changes_seen);
+        let changed = changes.is_some_and(|c| c.pending);
         // W_R projected by this call is written just ahead of the check on the stream: the
         // check then keeps the ordinary launch (an early start reads W_R before its wait).
         let mut projected_now = false;
-        if changed.is_some() || site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
+        if changed || site.weight.is_none() || site.weight_ptr != req.call.buffers.b {
             if capturing {
                 return Err(Skip::new(CAPTURE_STALE_WEIGHT));
             }
@@ -1014,8 +1012,13 @@ impl GpuBackend {
                 .checker
                 .sketch_weight_on(g, a, d, req.sketch.seed, req.sketch.probes, stream)
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-            if let Some(c) = changed {
-                site.weight_changes_seen = c; // projected from content B no longer holds
+            // Checks from this call on use the new projection; reports of the change from
+            // checks of the old one are the change just handled.
+            if let Some(c) =
+                self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&req.site_id)
+            {
+                c.pending = false;
+                c.projected_from = req.call_seq;
             }
             if let Some(old) = site.weight.replace(w) {
                 self.retire_weight(old, stream, site.weight_streams.take());
@@ -2136,12 +2139,12 @@ impl Backend for GpuBackend {
             }
             let site_ordinal = self.ordinal_of(slot.tag);
             if slot.status & abi::status::WEIGHT_CHANGED != 0 {
-                *self
-                    .weight_changes
+                self.weight_changes
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .entry(slot.tag)
-                    .or_insert(0) += 1;
+                    .or_default()
+                    .found(slot.tag2);
             }
             if !sketch::slot_is_valid(&slot) {
                 out.push(Polled::Failed {
@@ -2252,8 +2255,32 @@ impl Backend for GpuBackend {
     }
 }
 
-/// Sketch results with a changed B after which a site is checked in rows mode instead.
+/// Distinct changes of B after which a site is checked in rows mode instead.
 const WEIGHT_CHANGES_FOR_ROWS: u32 = 2;
+
+/// What sketch results said of a site's B changing under the same pointer. Several checks of
+/// one projection may all find the same change (the calls enqueued before the poller read the
+/// first report): that is one change, and a weight reloaded once stays a weight. Only a change
+/// found by a check of a projection made after the previous change counts again.
+#[derive(Debug, Default, Clone, Copy)]
+struct WeightChanges {
+    /// Changes found, each by a check of a projection made after the previous one.
+    distinct: u32,
+    /// A change found that the site has not re-projected for yet.
+    pending: bool,
+    /// The call from which the site's checks use its current projection.
+    projected_from: u64,
+}
+
+impl WeightChanges {
+    /// The check of call `call_seq` found B changed since the projection it used.
+    fn found(&mut self, call_seq: u64) {
+        if call_seq >= self.projected_from && !self.pending {
+            self.distinct += 1;
+            self.pending = true;
+        }
+    }
+}
 
 fn status_reason(status: u32) -> String {
     let s = abi::status::OUT_OF_BOUNDS;
@@ -2535,7 +2562,7 @@ mod tests {
                 backend.stream_destroyed(s);
             }
             // The device reported B changed: the next call re-projects and retires the old one.
-            backend.weight_changes.lock().unwrap().insert(site, 1);
+            backend.weight_changes.lock().unwrap().entry(site).or_default().found(1);
             rt.take_log();
             check(2, 9);
             rt.take_log().into_iter().filter(|l| l.starts_with("record")).collect()
@@ -2587,6 +2614,27 @@ mod tests {
         backend.after_call(&req, PreCall::default()).unwrap_or_else(|s| panic!("{}", s.0));
         assert_eq!(backend.checker.held_sets(), 0);
         assert!(!rt.take_log().iter().any(|l| l.starts_with("synchronize")));
+    }
+
+    #[test]
+    fn one_change_reported_by_several_checks_counts_once() {
+        // Calls 1-3 were enqueued against the projection of call 0 before the poller read the
+        // first report: three reports, one change. The site re-projects at call 4; late reports
+        // of checks before it change nothing, a report of a check of the new projection is a
+        // second change (rows mode from then on).
+        let mut w = WeightChanges::default();
+        for seq in 1..=3 {
+            w.found(seq);
+        }
+        assert_eq!((w.distinct, w.pending), (1, true));
+        (w.pending, w.projected_from) = (false, 4);
+        w.found(2);
+        w.found(3);
+        assert_eq!((w.distinct, w.pending), (1, false), "the change just handled");
+        w.found(5);
+        w.found(6);
+        assert_eq!((w.distinct, w.pending), (2, true));
+        assert!(w.distinct >= WEIGHT_CHANGES_FOR_ROWS);
     }
 
     #[test]
