@@ -530,9 +530,9 @@ fn eviction_takes_silent_connections_first_and_keeps_what_an_evicted_client_sent
     }
 }
 
-/// What eviction costs a real shim client: its next write finds the connection closed, the
-/// records of that write are counted as dropped, and it reconnects at once, resending its
-/// session record; everything else arrives.
+/// What eviction costs a real shim client: nothing. Its next write finds the connection closed
+/// before writing, so it keeps that batch, reconnects at once, resends its session record and
+/// then the batch; every record arrives.
 #[test]
 fn an_evicted_shim_client_reconnects_and_resends_its_session() {
     let dir = tempfile::tempdir().unwrap();
@@ -566,9 +566,8 @@ fn an_evicted_shim_client_reconnects_and_resends_its_session() {
     }
     let cs = client.close(|dropped| enc(&closing(41, dropped)), Duration::from_secs(10));
     assert_eq!(cs.reconnects, 1, "{cs:?}");
-    assert!((1..=20).contains(&cs.dropped), "the write that found the close is lost: {cs:?}");
-    assert_eq!(cs.sent + cs.dropped, 26, "{cs:?}");
-    let expected = 7 + 1 + (20 - cs.dropped) + 1;
+    assert_eq!((cs.sent, cs.dropped), (26, 0), "the write that found the close is kept: {cs:?}");
+    let expected = 7 + 1 + 20 + 1;
     assert!(
         wait_until(Duration::from_secs(10), || collector.stats().records == expected),
         "{:?}",
@@ -579,7 +578,15 @@ fn an_evicted_shim_client_reconnects_and_resends_its_session() {
     let records = decode_all(&read_run_file(&out).unwrap().payloads);
     let mine: Vec<&Record> = records.iter().filter(|r| r.session_id() == 41).collect();
     assert_eq!(mine.iter().filter(|r| matches!(r, Record::Session(_))).count(), 2, "session resent");
-    assert!(matches!(mine.last().unwrap(), Record::Closing(c) if c.dropped == cs.dropped));
+    assert!(matches!(mine.last().unwrap(), Record::Closing(c) if c.dropped == 0));
+    let seqs: Vec<u64> = mine
+        .iter()
+        .filter_map(|r| match r {
+            Record::Observation(o) => Some(o.call_seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seqs, (0..25).collect::<Vec<_>>(), "every observation once, in order");
     assert_eq!(records.iter().filter(|r| r.session_id() == 42).count(), 1, "the newcomer's record is kept");
 }
 
@@ -839,4 +846,62 @@ fn measure(validate: bool, payload: Vec<u8>, per_client: u64) {
 fn throughput_8_clients_unix_socket() {
     measure(false, vec![0x5a; 300], 250_000);
     measure(true, enc(&observation(1, 3, 12345, false)), 100_000);
+}
+
+/// A full collector refuses a shim client by accepting and closing at once. The client sees
+/// each refusal before writing any record (it writes only its session record until the
+/// collector reads it), backs off, and delivers everything once a slot frees up.
+#[test]
+fn a_shim_client_refused_by_a_full_collector_backs_off_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.qsr");
+    let sock = dir.path().join("c.sock");
+    // Nobody is ever idle long enough to be evicted: a newcomer is refused while the slot is taken.
+    let options = CollectOptions {
+        max_clients: 1,
+        evict_idle_after: Duration::from_secs(3600),
+        ..CollectOptions::default()
+    };
+    let collector = Collector::start_with(&Address::Unix(sock.clone()), &out, options).unwrap();
+    let mut holder = UnixStream::connect(&sock).unwrap();
+    send_records(&mut holder, &[session(51)]);
+    assert!(wait_until(Duration::from_secs(10), || collector.stats().records == 1));
+
+    let client = Client::start(collector.local_address().clone(), client_options(52));
+    for seq in 0..30 {
+        assert!(client.send(enc(&observation(52, seq % 3, seq, false))));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || client.stats().refused >= 3),
+        "{:?} {:?}",
+        client.stats(),
+        collector.stats()
+    );
+    let st = client.stats();
+    assert_eq!((st.sent, st.dropped, st.queued), (0, 0, 30), "{st:?}");
+    assert!(st.retry_delay >= Duration::from_millis(20), "the backoff grows per refusal: {st:?}");
+    assert!(collector.stats().refused_clients >= 3);
+
+    // The slot frees up: the client's next attempt is served.
+    drop(holder);
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 1 + 1 + 30),
+        "{:?} {:?}",
+        client.stats(),
+        collector.stats()
+    );
+    let cs = client.close(|dropped| enc(&closing(52, dropped)), Duration::from_secs(10));
+    assert_eq!((cs.sent, cs.dropped, cs.reconnects), (31, 0, 0), "{cs:?}");
+    assert!(
+        wait_until(Duration::from_secs(10), || collector.stats().records == 1 + 1 + 30 + 1),
+        "{:?}",
+        collector.stats()
+    );
+    let summary = collector.shutdown();
+    assert_eq!(summary.stats.evicted_clients, 0);
+    let records = decode_all(&read_run_file(&out).unwrap().payloads);
+    let mine: Vec<&Record> = records.iter().filter(|r| r.session_id() == 52).collect();
+    assert_eq!(mine.len(), 32, "session, 30 observations, closing");
+    assert!(matches!(mine[0], Record::Session(_)), "one connection, opened by the session record");
+    assert!(matches!(mine[31], Record::Closing(c) if c.dropped == 0));
 }

@@ -17,8 +17,9 @@
 //! idle longest is closed to make room, provided it has been idle at least `evict_idle_after`
 //! (one that never sent a record goes before one that did). What it sent is kept: it is read to
 //! the end, like at shutdown, before it is closed. The shim's client notices the close before
-//! its next write and reconnects at once, resending its session record; the records gathered
-//! for that write are counted as dropped on its side (its delivery is at most once).
+//! its next write, keeps the records it gathered for it, reconnects at once and sends them after
+//! its session record (nothing lost; only a write cut short mid-way is dropped, counted, since
+//! resending it could store frames twice). A full collector's refusal makes it back off.
 //!
 //! The in-process API ([`Collector`]) serves the demo, the tests and the benchmarks.
 

@@ -7,9 +7,15 @@
 //! session preamble on every new connection, and either spools to a run file or leaves records
 //! queued (dropping once the queue is full) while no collector is reachable.
 //!
+//! A new connection is on trial until the collector shows that it serves it (a full collector
+//! accepts and closes at once): only the preamble goes out before, and a connection refused
+//! that way grows the backoff like a failed connect. See [`Client`] for the exact rules.
+//!
 //! Socket framing is `[u32 payload length LE][payload]`, payloads of 1 to [`MAX_FRAME_BYTES`]
-//! bytes. The collector never writes back. Delivery is at most once: frames in a write that
-//! fails are counted as dropped even though the collector may have received some of them.
+//! bytes. The collector never writes back. Delivery is at most once: the records of a write
+//! that fails before any of its bytes went out are kept for the next connection, but those of
+//! a write that fails part way are counted as dropped even though the collector may have
+//! received some of them (sending them again could store them twice).
 
 use crate::runfile::{RunFileError, RunWriter, MAX_PAYLOAD_BYTES};
 use crossbeam_queue::ArrayQueue;
@@ -303,9 +309,11 @@ pub struct ClientOptions {
     pub spool: Option<PathBuf>,
     /// TCP connect timeout (unix sockets connect or fail at once).
     pub connect_timeout: Duration,
-    /// A write that makes no progress for this long counts as a dead collector.
+    /// A write that makes no progress for this long counts as a dead collector; a new
+    /// connection whose trial has not ended by then counts as refused (see [`Client`]).
     pub write_timeout: Duration,
-    /// First retry delay after a failed connect; doubled per failure up to `backoff_max`.
+    /// First retry delay after a failed connection attempt; doubled per consecutive failure up
+    /// to `backoff_max` (see [`Client`]).
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
 }
@@ -327,7 +335,8 @@ impl Default for ClientOptions {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientStats {
-    /// Records waiting in the queue now.
+    /// Records waiting now: in the queue, or kept from a write that found the connection
+    /// closed (see [`Client`]).
     pub queued: u64,
     /// Records delivered to a collector (or to the run file of a `file:` address).
     pub sent: u64,
@@ -336,8 +345,16 @@ pub struct ClientStats {
     /// Records lost: queue full, undeliverable, refused (empty or oversize), or left over when
     /// the client closed.
     pub dropped: u64,
-    /// Successful connections after the first.
+    /// Connections accepted (their trial passed, see [`Client`]) after the first.
     pub reconnects: u64,
+    /// Connections the collector closed, or did not serve, during their trial: a full
+    /// collector refuses a client this way.
+    pub refused: u64,
+    /// The wait before the next connection attempt, as set by the latest failed one (connect
+    /// error or refused connection): `backoff_initial` after the first failure, doubled per
+    /// consecutive failure up to `backoff_max`. Zero once a connection is accepted, and after
+    /// losing one that was (the next attempt is immediate).
+    pub retry_delay: Duration,
 }
 
 const PHASE_RUN: u8 = 0;
@@ -356,7 +373,8 @@ struct Progress {
 
 struct Shared {
     queue: ArrayQueue<Vec<u8>>,
-    /// Payload bytes in `queue`, bounded by `max_queued_bytes`.
+    /// Payload bytes in `queue` (and framed bytes of a kept batch), bounded by
+    /// `max_queued_bytes`.
     queued_bytes: AtomicUsize,
     max_queued_bytes: usize,
     accepting: AtomicBool,
@@ -366,10 +384,19 @@ struct Shared {
     spooled: AtomicU64,
     dropped: AtomicU64,
     reconnects: AtomicU64,
+    refused: AtomicU64,
+    retry_delay_ns: AtomicU64,
     /// Records the sender holds in its write buffer, not yet counted as sent or dropped.
     /// Whoever takes them (swap to 0) counts them: the sender when a write ends, or a `close`
     /// that gives up on a stuck sender, so none is counted twice or never.
     in_flight: AtomicU64,
+    /// Records of a failed write that the sender keeps for the next connection (see
+    /// [`Client`]). Taken the same way: by the sender, to send or drop them, or by a `close`
+    /// that gives up on them (its closing record then includes them).
+    kept: AtomicU64,
+    /// Held while records move between `in_flight` and `kept`, and while a `close` takes from
+    /// both, so that each record is in exactly one of them whenever it is counted.
+    held_lock: Mutex<()>,
     /// The sender is (about to be) parked and wants an unpark on the next push.
     sleeping: AtomicBool,
     sender: OnceLock<Thread>,
@@ -411,24 +438,68 @@ impl Shared {
         }
     }
 
-    /// Drops everything queued; returns how many.
     fn pop(&self) -> Option<Vec<u8>> {
         let p = self.queue.pop()?;
         self.queued_bytes.fetch_sub(p.len(), Ordering::Relaxed);
         Some(p)
     }
 
+    /// Drops everything waiting (queued and kept); returns how many.
     fn drop_queued(&self) -> u64 {
         let mut n = 0;
         while self.pop().is_some() {
             n += 1;
         }
+        n += {
+            let _held = self.held_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.kept.swap(0, Ordering::AcqRel)
+        };
         self.dropped.fetch_add(n, Ordering::Relaxed);
         n
+    }
+
+    /// Drops everything not delivered, the sender's write buffer included: for a sender that
+    /// is stuck or gone.
+    fn drop_all_held(&self) {
+        self.drop_queued();
+        let _held = self.held_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.kept.swap(0, Ordering::AcqRel) + self.in_flight.swap(0, Ordering::AcqRel);
+        self.dropped.fetch_add(n, Ordering::Relaxed);
     }
 }
 
 /// Non-blocking record sender. See the module documentation.
+///
+/// # Connections
+///
+/// A new socket connection is on trial until the collector shows that it serves it. Only the
+/// preamble is written before that, so a collector that refuses the connection (a full one
+/// accepts it and closes it at once) costs no record:
+///
+/// - unix socket with a preamble: accepted once the peer has *read* the preamble, i.e. our
+///   send queue (`SIOCOUTQ`) is empty. A unix peer's unread bytes stay charged to our socket,
+///   and a refusing collector never reads.
+/// - TCP, or no preamble: accepted once the preamble is acknowledged (TCP) and the connection
+///   has stayed open for 50 ms without a hang-up. The peer's reading cannot be seen there: a
+///   collector that takes longer than that to refuse loses the first write after the trial
+///   (counted as sent).
+/// - A hang-up during the trial, a failed preamble write, or no proof within `write_timeout`
+///   (the close deadline when closing) refuses the connection: it is closed, counted in
+///   [`ClientStats::refused`], and the next attempt waits as after a failed connect.
+///
+/// Backoff: every failed attempt (connect error or refused connection) waits the current
+/// delay (`backoff_initial` at first) and doubles it, up to `backoff_max`. An accepted
+/// connection resets it to `backoff_initial`; losing an accepted connection (a collector
+/// restart, or an idle client evicted by a full collector) retries at once.
+///
+/// A write that fails: if none of its bytes reached the socket (the hang-up was seen before
+/// writing, or the first send failed), its records are kept and go first on the next accepted
+/// connection, right after the preamble. While they wait they count against `queue_capacity`
+/// and `max_queued_bytes`, producers' records go on into the queue (overflow is dropped and
+/// counted), an attempt that fails moves them to the spool if there is one, and a `close` that
+/// cannot send them counts them as dropped before it builds the closing record. If part of the
+/// write was transferred, all its records are dropped (counted): the collector may have stored
+/// the complete frames among them, and sending those again would store them twice.
 pub struct Client {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -450,7 +521,11 @@ impl Client {
             spooled: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            retry_delay_ns: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            kept: AtomicU64::new(0),
+            held_lock: Mutex::new(()),
             sleeping: AtomicBool::new(false),
             sender: OnceLock::new(),
             final_payload: Mutex::new(None),
@@ -502,7 +577,11 @@ impl Client {
             s.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        if s.queue.push(payload).is_err() {
+        // Records kept from a failed write take room in the queue while they wait (rare: one
+        // relaxed load otherwise).
+        let kept = s.kept.load(Ordering::Relaxed);
+        let room = kept == 0 || (s.queue.len() as u64).saturating_add(kept) < s.queue.capacity() as u64;
+        if !room || s.queue.push(payload).is_err() {
             s.queued_bytes.fetch_sub(len, Ordering::Relaxed);
             s.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -519,19 +598,22 @@ impl Client {
     pub fn stats(&self) -> ClientStats {
         let s = &*self.shared;
         ClientStats {
-            queued: s.queue.len() as u64,
+            queued: s.queue.len() as u64 + s.kept.load(Ordering::Relaxed),
             sent: s.sent.load(Ordering::Relaxed),
             spooled: s.spooled.load(Ordering::Relaxed),
             dropped: s.dropped.load(Ordering::Relaxed),
             reconnects: s.reconnects.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
+            retry_delay: Duration::from_nanos(s.retry_delay_ns.load(Ordering::Relaxed)),
         }
     }
 
-    /// Delivers what is queued, then the closing record built by `final_payload` from the
-    /// number of records dropped so far, and stops the sender. Returns within `deadline` (plus
-    /// scheduling noise) whatever the collector does; records not delivered by then are counted
-    /// as dropped (those the closing record could not include are in the returned stats only).
-    /// Later calls return the stats at once.
+    /// Delivers what is queued (and kept), then the closing record built by `final_payload`
+    /// from the number of records dropped so far, and stops the sender. Returns within
+    /// `deadline` (plus scheduling noise) whatever the collector does; records not delivered by
+    /// then are counted as dropped (those the closing record could not include, ones the sender
+    /// was writing when time ran out, are in the returned stats only). Later calls return the
+    /// stats at once.
     pub fn close(&self, final_payload: impl FnOnce(u64) -> Vec<u8>, deadline: Duration) -> ClientStats {
         let s = &*self.shared;
         let t0 = Instant::now();
@@ -549,8 +631,8 @@ impl Client {
         s.phase.store(PHASE_DRAIN, Ordering::Release);
         s.wake_sender();
         s.wait_progress(drain_end, |p| p.drained || p.done);
-        // Whatever the sender could not take in time will not be sent: count it now so the
-        // closing record includes it.
+        // Whatever the sender could not take in time (queued, or kept for a connection that
+        // did not come) will not be sent: count it now so the closing record includes it.
         s.drop_queued();
         let payload = final_payload(s.dropped.load(Ordering::Relaxed));
         if payload.is_empty() || payload.len() > MAX_FRAME_BYTES {
@@ -568,13 +650,12 @@ impl Client {
             }
         } else {
             // The sender is stuck (a connect or write that outlives the deadline): leave it
-            // behind; it exits on its own when the call returns.
+            // behind; it exits on its own when the call returns. Records stuck in its write
+            // buffer are counted here, so the stats returned now are complete (the sender
+            // finds nothing left to count).
             s.phase.store(PHASE_ABANDON, Ordering::Release);
             s.wake_sender();
-            s.drop_queued();
-            // Records stuck in the sender's write buffer: counted here, so the stats returned
-            // now are complete (the sender finds nothing left to count).
-            s.dropped.fetch_add(s.in_flight.swap(0, Ordering::AcqRel), Ordering::Relaxed);
+            s.drop_all_held();
         }
         // Not taken: no sender thread, or it never got to it.
         if s.final_payload.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
@@ -634,16 +715,40 @@ impl Conn {
         rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
     }
 
+    /// Waits up to `timeout` (at least a millisecond) for a hang-up.
+    fn wait_hangup(&self, timeout: Duration) {
+        let mut p = libc::pollfd { fd: self.fd(), events: libc::POLLRDHUP, revents: 0 };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd; EINTR only ends the wait early.
+        unsafe { libc::poll(&mut p, 1, ms) };
+    }
+
+    /// Bytes written that the peer has not consumed yet (`SIOCOUTQ`): on a unix socket until
+    /// the peer has *read* them (they stay charged to our socket until then, and are released
+    /// only after the hang-up when a peer closes without reading them); on TCP until the peer's
+    /// kernel acknowledged them. `None` if the kernel does not say.
+    fn unsent(&self) -> Option<usize> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int; the fd is open while `self` lives.
+        let rc = unsafe { libc::ioctl(self.fd(), libc::TIOCOUTQ, &mut n) };
+        (rc == 0).then_some(n.max(0) as usize)
+    }
+
     /// Writes all of `buf`, giving up once `deadline(last progress)` has passed. The deadline
     /// is asked again after every blocked slice (the socket's send timeout is
     /// [`WRITE_SLICE`]), so a `close` or a drop that shortens it takes effect mid-write.
     /// Uses send(MSG_NOSIGNAL): a host process that has not ignored SIGPIPE must not die
-    /// because a collector went away.
-    fn send_all(&self, mut buf: &[u8], deadline: impl Fn(Instant) -> Instant) -> io::Result<()> {
+    /// because a collector went away. On failure, says how many bytes went out before it.
+    fn send_all(
+        &self,
+        mut buf: &[u8],
+        deadline: impl Fn(Instant) -> Instant,
+    ) -> Result<(), (usize, io::Error)> {
         let mut progress = Instant::now();
+        let mut transferred = 0;
         while !buf.is_empty() {
             if Instant::now() >= deadline(progress) {
-                return Err(io::ErrorKind::TimedOut.into());
+                return Err((transferred, io::ErrorKind::TimedOut.into()));
             }
             // SAFETY: `buf` is valid for reads of its length; the fd is open while `self` lives.
             let n = unsafe { libc::send(self.fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
@@ -655,13 +760,14 @@ impl Conn {
                     io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
                         continue
                     }
-                    _ => return Err(e),
+                    _ => return Err((transferred, e)),
                 }
             }
             if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+                return Err((transferred, io::ErrorKind::WriteZero.into()));
             }
             buf = &buf[n as usize..];
+            transferred += n as usize;
             progress = Instant::now();
         }
         Ok(())
@@ -676,6 +782,15 @@ enum Sink {
     File(RunWriter),
 }
 
+/// A new socket connection on trial (see [`Client`]).
+struct Trial {
+    since: Instant,
+    /// A preamble was written: on a unix socket, its being read is the proof.
+    preamble: bool,
+    /// Next wait for a hang-up between looks; grows while nothing happens.
+    slice: Duration,
+}
+
 /// Records popped per round before checking phase and buffers again.
 const SEND_BATCH: usize = 512;
 /// Socket bytes gathered before a write.
@@ -686,6 +801,14 @@ const IDLE_PARK: Duration = Duration::from_millis(100);
 const ABANDON_WRITE: Duration = Duration::from_millis(100);
 /// Socket send timeout: how often a blocked write looks at its deadline again.
 const WRITE_SLICE: Duration = Duration::from_millis(20);
+/// Where the peer's reading cannot be observed (TCP, or no preamble): how long a new
+/// connection must stay open without a hang-up to be accepted. A full collector closes a
+/// connection as soon as it accepts it, well within this unless it is overloaded.
+const TRIAL_QUIET: Duration = Duration::from_millis(50);
+/// First and longest wait between looks at a connection on trial (a hang-up ends a wait at
+/// once; the peer reading the preamble does not).
+const TRIAL_SLICE_MIN: Duration = Duration::from_millis(1);
+const TRIAL_SLICE_MAX: Duration = Duration::from_millis(20);
 
 struct Sender {
     shared: Arc<Shared>,
@@ -693,9 +816,15 @@ struct Sender {
     opts: ClientOptions,
     sink: Sink,
     spool: Option<RunWriter>,
-    /// Frames gathered for the socket and how many producer records they hold.
+    /// Socket frames not written yet and how many producer records they hold. While
+    /// `kept_bytes > 0` they are exactly the kept batch, and nothing is added to them.
     out: Vec<u8>,
     out_records: u64,
+    /// Bytes of `out` kept from a failed write (counted in `queued_bytes` meanwhile); 0 if
+    /// none. Their records are counted in `Shared::kept`.
+    kept_bytes: usize,
+    /// The socket in `sink` is on trial: nothing but the preamble has been written to it.
+    trial: Option<Trial>,
     ever_connected: bool,
     backoff: Duration,
     next_attempt: Instant,
@@ -714,6 +843,8 @@ impl Sender {
             spool: None,
             out: Vec::with_capacity(SOCKET_CHUNK + 4096),
             out_records: 0,
+            kept_bytes: 0,
+            trial: None,
             ever_connected: false,
             next_attempt: Instant::now(),
             last_error: None,
@@ -726,7 +857,7 @@ impl Sender {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run()));
         if result.is_err() {
             shared.accepting.store(false, Ordering::Release);
-            shared.drop_queued();
+            shared.drop_all_held();
         }
         // Always the last act, whatever happened: `close` waits for it.
         shared.set_progress(|p| {
@@ -751,14 +882,29 @@ impl Sender {
             if matches!(self.sink, Sink::None) && (draining || Instant::now() >= self.next_attempt) {
                 self.connect();
             }
+            if self.trial.is_some() {
+                // Records wait (queued or kept) until the trial ends; a pending look waited a
+                // slice on the socket, then the phase is looked at again.
+                self.probe();
+                if self.trial.is_some() {
+                    continue;
+                }
+            }
             let moved = self.pump();
             if moved > 0 {
                 continue;
             }
+            let had_socket = matches!(self.sink, Sink::Socket(_));
             self.flush_all();
+            if had_socket && matches!(self.sink, Sink::None) {
+                // Lost it in that write (what it held may be kept): reconnect first.
+                continue;
+            }
             if draining && !drained_reported {
                 if !self.has_destination() {
-                    // Closing with nowhere to deliver: the connect attempt above just failed.
+                    // Closing with nowhere to deliver: the connect attempt above just failed
+                    // (or its trial did).
+                    self.drop_kept();
                     self.shared.drop_queued();
                 }
                 if self.shared.queue.is_empty() && self.out.is_empty() {
@@ -779,6 +925,16 @@ impl Sender {
         !matches!(self.sink, Sink::None) || self.spool.is_some()
     }
 
+    /// Whether popped records can go somewhere now: not to a socket on trial, and not around a
+    /// kept batch (it goes first).
+    fn can_deliver(&self) -> bool {
+        match self.sink {
+            Sink::Socket(_) => self.trial.is_none() && self.kept_bytes == 0,
+            Sink::File(_) => true,
+            Sink::None => self.spool.is_some() && self.kept_bytes == 0,
+        }
+    }
+
     fn park(&self, timeout: Duration) {
         let s = &*self.shared;
         // With nowhere to deliver, new records cannot change anything before the next connect
@@ -796,12 +952,15 @@ impl Sender {
     }
 
     /// Moves up to one batch from the queue to the current destination; returns how many.
+    /// Stops when the socket is lost mid-batch: the rest waits for the next connection rather
+    /// than being dropped.
     fn pump(&mut self) -> usize {
-        if !self.has_destination() {
-            return 0;
-        }
         let mut moved = 0;
-        while moved < SEND_BATCH {
+        let on_socket = matches!(self.sink, Sink::Socket(_));
+        while moved < SEND_BATCH && self.can_deliver() {
+            if on_socket && !matches!(self.sink, Sink::Socket(_)) {
+                break;
+            }
             let Some(payload) = self.shared.pop() else { break };
             moved += 1;
             self.deliver(&payload);
@@ -859,43 +1018,159 @@ impl Sender {
         }
     }
 
-    /// Writes the gathered socket frames; on failure drops them and the connection.
-    fn write_out(&mut self) {
-        if self.out.is_empty() {
-            return;
-        }
-        let Sink::Socket(conn) = &self.sink else { return };
+    /// When a write whose last progress was at `progress` gives up: after `write_timeout`
+    /// without progress, and once closing (or abandoned) at the close deadline at the latest.
+    fn write_deadline(&self) -> impl Fn(Instant) -> Instant + '_ {
         let (shared, write_timeout) = (&*self.shared, self.opts.write_timeout);
-        // No progress for `write_timeout` means a dead or stuck collector; once closing (or
-        // abandoned), the close deadline caps it.
-        let deadline = |progress: Instant| {
-            let stalled = progress + write_timeout;
+        move |progress: Instant| {
+            let stalled =
+                progress.checked_add(write_timeout).unwrap_or_else(|| progress + Duration::from_secs(86_400));
             if shared.phase.load(Ordering::Acquire) == PHASE_RUN {
                 return stalled;
             }
             let end = *shared.close_deadline.lock().unwrap_or_else(|e| e.into_inner());
             end.map_or(stalled, |end| stalled.min(end))
-        };
-        let result = if conn.peer_closed() {
-            Err(io::Error::new(io::ErrorKind::BrokenPipe, "collector closed the connection"))
-        } else {
-            conn.send_all(&self.out, deadline)
-        };
-        // Zero when a `close` that gave up already counted these as dropped.
-        let records = self.shared.in_flight.swap(0, Ordering::AcqRel);
-        match result {
-            Ok(()) => {
-                self.shared.sent.fetch_add(records, Ordering::Relaxed);
-            }
-            Err(e) => {
-                self.shared.dropped.fetch_add(records, Ordering::Relaxed);
-                self.note_error(format!("lost the collector at {}: {e}", self.address));
-                self.sink = Sink::None;
-                // A connection that worked may come back at once (collector restart).
-                self.backoff = self.opts.backoff_initial;
-                self.next_attempt = Instant::now();
-            }
         }
+    }
+
+    /// Whether a write that transferred nothing may keep its records for the next connection:
+    /// not once the time for delivering them is over.
+    fn may_keep(&self) -> bool {
+        match self.phase() {
+            PHASE_RUN => true,
+            PHASE_DRAIN => {
+                let end = *self.shared.close_deadline.lock().unwrap_or_else(|e| e.into_inner());
+                end.is_none_or(|end| Instant::now() < end)
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes the gathered socket frames. On failure the connection is given up; the frames
+    /// are kept for the next one if none of their bytes went out, else dropped (see
+    /// [`Client`]: part of them may be stored already).
+    fn write_out(&mut self) {
+        if self.out.is_empty() || self.trial.is_some() || self.kept_bytes > 0 {
+            return;
+        }
+        let Sink::Socket(conn) = &self.sink else { return };
+        let result = if conn.peer_closed() {
+            Err((0, io::Error::new(io::ErrorKind::BrokenPipe, "collector closed the connection")))
+        } else {
+            conn.send_all(&self.out, self.write_deadline())
+        };
+        let lost = match result {
+            Ok(()) => {
+                // Zero when a `close` that gave up already counted these as dropped.
+                let records = self.shared.in_flight.swap(0, Ordering::AcqRel);
+                self.shared.sent.fetch_add(records, Ordering::Relaxed);
+                None
+            }
+            Err((0, e)) if self.may_keep() => {
+                let kept = self.keep_out();
+                Some(format!(
+                    "lost the collector at {}: {e}; {kept} records kept for the next connection",
+                    self.address
+                ))
+            }
+            Err((transferred, e)) => {
+                let records = self.shared.in_flight.swap(0, Ordering::AcqRel);
+                self.shared.dropped.fetch_add(records, Ordering::Relaxed);
+                Some(format!(
+                    "lost the collector at {}: {e} after {transferred} of {} bytes; {records} records dropped",
+                    self.address,
+                    self.out.len()
+                ))
+            }
+        };
+        if self.kept_bytes == 0 {
+            self.out.clear();
+            self.out_records = 0;
+        }
+        if let Some(msg) = lost {
+            self.connection_lost(msg);
+        }
+    }
+
+    /// An accepted connection is gone. One that worked may come back at once (a collector
+    /// restart, or an eviction that made room for another client): no backoff.
+    fn connection_lost(&mut self, msg: String) {
+        self.note_error(msg);
+        self.sink = Sink::None;
+        self.trial = None;
+        self.backoff = self.opts.backoff_initial;
+        self.next_attempt = Instant::now();
+        self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// Turns the records of `out` from in flight into kept; returns how many.
+    fn keep_out(&mut self) -> u64 {
+        let n = {
+            let _held = self.shared.held_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let n = self.shared.in_flight.swap(0, Ordering::AcqRel);
+            self.shared.kept.fetch_add(n, Ordering::AcqRel);
+            n
+        };
+        // None: a `close` that gave up already counted them.
+        if n > 0 {
+            self.kept_bytes = self.out.len();
+            self.shared.queued_bytes.fetch_add(self.kept_bytes, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Ends keeping `out`: its records go back in flight (`resend`) or to the caller, who
+    /// counts them; returns how many. If a `close` took them meanwhile (counted as dropped),
+    /// returns 0 and forgets the frames.
+    fn take_kept(&mut self, resend: bool) -> u64 {
+        if self.kept_bytes == 0 {
+            return 0;
+        }
+        self.shared.queued_bytes.fetch_sub(self.kept_bytes, Ordering::Relaxed);
+        self.kept_bytes = 0;
+        let n = {
+            let _held = self.shared.held_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let n = self.shared.kept.swap(0, Ordering::AcqRel);
+            if resend {
+                self.shared.in_flight.fetch_add(n, Ordering::AcqRel);
+            }
+            n
+        };
+        if n == 0 {
+            self.out.clear();
+            self.out_records = 0;
+        }
+        // Otherwise the frames stay: to be written (`resend`), or read and cleared by the caller.
+        n
+    }
+
+    fn drop_kept(&mut self) {
+        let n = self.take_kept(false);
+        self.shared.dropped.fetch_add(n, Ordering::Relaxed);
+        if n > 0 {
+            self.out.clear();
+            self.out_records = 0;
+        }
+    }
+
+    /// An attempt failed and a spool is open: the kept records go there (before any record
+    /// still queued, which keeps their order).
+    fn spool_kept(&mut self) {
+        if self.kept_bytes == 0 || self.spool.is_none() {
+            return;
+        }
+        if self.take_kept(false) == 0 {
+            return;
+        }
+        let out = std::mem::take(&mut self.out);
+        let mut rest = &out[..];
+        while rest.len() >= 4 {
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            let Some(payload) = rest.get(4..4 + len) else { break };
+            self.spool_one(payload);
+            rest = &rest[4 + len..];
+        }
+        self.out = out;
         self.out.clear();
         self.out_records = 0;
     }
@@ -916,35 +1191,123 @@ impl Sender {
         }
     }
 
-    /// One connection attempt; schedules the next one on failure and falls back to the spool.
+    /// One connection attempt. A socket that connects goes on trial with its preamble written;
+    /// a failure schedules the next attempt and falls back to the spool.
     fn connect(&mut self) {
-        match self.open_sink() {
+        let conn = match self.open_sink() {
+            Ok(Sink::Socket(conn)) => conn,
             Ok(sink) => {
-                if self.ever_connected {
-                    self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
-                }
-                self.ever_connected = true;
-                self.backoff = self.opts.backoff_initial;
-                self.last_error = None;
                 self.sink = sink;
-                // Leaving spool mode: make the spooled records durable-ish now; the spool stays
-                // open (no rescan) in case the collector goes away again.
-                if let Some(w) = &mut self.spool {
-                    if let Err(e) = w.flush() {
-                        self.writer_failed(e);
-                    }
-                }
+                return self.accepted();
             }
-            Err(msg) => {
-                self.note_error(format!("cannot reach {}: {msg}", self.address));
-                self.next_attempt = Instant::now() + self.backoff;
-                self.backoff = (self.backoff * 2).min(self.opts.backoff_max).max(Duration::from_millis(1));
-                self.open_spool();
+            Err(msg) => return self.attempt_failed(format!("cannot reach {}: {msg}", self.address)),
+        };
+        let since = Instant::now();
+        if let Some(p) = &self.opts.preamble {
+            let mut frame = Vec::with_capacity(4 + p.len());
+            // Its size was checked by `open_sink`.
+            let _ = push_frame(&mut frame, p);
+            if let Err((_, e)) = conn.send_all(&frame, self.write_deadline()) {
+                return self.refused(&format!("cannot write the session record: {e}"));
             }
+        }
+        self.sink = Sink::Socket(conn);
+        self.trial = Some(Trial { since, preamble: self.opts.preamble.is_some(), slice: TRIAL_SLICE_MIN });
+    }
+
+    /// Looks at the connection on trial once: accepts it, refuses it, or waits one slice for
+    /// a hang-up (see [`Client`] for the rules).
+    fn probe(&mut self) {
+        let Some(trial) = &self.trial else { return };
+        let (since, preamble, slice) = (trial.since, trial.preamble, trial.slice);
+        let Sink::Socket(conn) = &self.sink else {
+            self.trial = None;
+            return;
+        };
+        // Our send queue before the hang-up: a unix peer that closes without reading hangs up
+        // first and only then releases what it had not read.
+        let unsent = conn.unsent();
+        let closed = conn.peer_closed();
+        let quiet = since.elapsed() >= TRIAL_QUIET;
+        let served = match (preamble, conn, unsent) {
+            (true, Conn::Unix(_), Some(n)) => n == 0,
+            (true, Conn::Tcp(_), Some(n)) => n == 0 && quiet,
+            _ => quiet,
+        };
+        let deadline = self.write_deadline()(since);
+        let now = Instant::now();
+        if closed {
+            return self
+                .refused("closed the connection during its trial (a full collector refuses this way)");
+        }
+        if served {
+            return self.accepted();
+        }
+        if now >= deadline {
+            let ms = now.duration_since(since).as_millis();
+            return self.refused(&format!("did not serve the connection within {ms} ms"));
+        }
+        conn.wait_hangup(slice.min(deadline - now));
+        if let Some(t) = &mut self.trial {
+            t.slice = (slice * 2).min(TRIAL_SLICE_MAX);
         }
     }
 
+    /// Ends a trial one way or the other (the deadline of `probe` bounds it).
+    fn settle(&mut self) {
+        while self.trial.is_some() {
+            self.probe();
+        }
+    }
+
+    /// The connection (or the `file:` run file) is accepted: the backoff starts over, and what
+    /// was kept goes first, right after the preamble.
+    fn accepted(&mut self) {
+        self.trial = None;
+        if self.ever_connected {
+            self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ever_connected = true;
+        self.backoff = self.opts.backoff_initial;
+        self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
+        self.last_error = None;
+        // Leaving spool mode: make the spooled records durable-ish now; the spool stays open
+        // (no rescan) in case the collector goes away again.
+        if let Some(w) = &mut self.spool {
+            if let Err(e) = w.flush() {
+                self.writer_failed(e);
+            }
+        }
+        self.take_kept(true);
+    }
+
+    fn refused(&mut self, why: &str) {
+        self.shared.refused.fetch_add(1, Ordering::Relaxed);
+        self.attempt_failed(format!("{} refused the connection: {why}", self.address));
+    }
+
+    /// A connect error or a refused connection: closes it, waits the current delay before the
+    /// next attempt and doubles it, and falls back to the spool.
+    fn attempt_failed(&mut self, msg: String) {
+        self.note_error(msg);
+        self.sink = Sink::None;
+        self.trial = None;
+        let now = Instant::now();
+        self.next_attempt =
+            now.checked_add(self.backoff).unwrap_or_else(|| now + Duration::from_secs(86_400));
+        self.shared
+            .retry_delay_ns
+            .store(self.backoff.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        self.backoff =
+            self.backoff.saturating_mul(2).min(self.opts.backoff_max).max(Duration::from_millis(1));
+        self.open_spool();
+        self.spool_kept();
+    }
+
     fn open_sink(&mut self) -> Result<Sink, String> {
+        if let (Some(p), false) = (&self.opts.preamble, matches!(self.address, Address::File(_))) {
+            check_frame_len(p.len()).map_err(|e| format!("preamble: {e}"))?;
+        }
         let conn = match &self.address {
             Address::File(path) => {
                 // Several processes (ranks, workers) given the same file: the first holds it,
@@ -986,14 +1349,11 @@ impl Sender {
             }
         };
         conn.set_write_timeout(WRITE_SLICE).map_err(|e| e.to_string())?;
-        // Anything gathered for a previous connection was counted when its write failed; a
-        // remainder, if any, is counted as dropped here rather than forgotten.
-        self.out.clear();
-        self.out_records = 0;
-        let stale = self.shared.in_flight.swap(0, Ordering::AcqRel);
-        self.shared.dropped.fetch_add(stale, Ordering::Relaxed);
-        if let Some(p) = &self.opts.preamble {
-            push_frame(&mut self.out, p).map_err(|e| format!("preamble: {e}"))?;
+        // Frames of an earlier connection are either kept (they go first on this one) or were
+        // counted when its write ended; any other remainder is counted as dropped rather than
+        // forgotten.
+        if self.kept_bytes == 0 {
+            self.dropped_unsent();
         }
         Ok(Sink::Socket(conn))
     }
@@ -1019,26 +1379,40 @@ impl Sender {
 
     /// Close: deliver the closing record, flush everything, exit.
     fn finish(&mut self) {
+        self.settle();
+        // An idle connection that the collector closed (an eviction) is seen before anything
+        // is written to it: the closing record goes on a new connection instead of being lost.
+        if let Sink::Socket(conn) = &self.sink {
+            if self.out.is_empty() && conn.peer_closed() {
+                self.connection_lost(format!("{} closed the connection while it was idle", self.address));
+            }
+        }
+        let payload = self.shared.final_payload.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if payload.is_some() && matches!(self.sink, Sink::None) {
+            self.connect();
+            self.settle();
+        }
         // Records that raced into the queue before `close` took the rest.
         while self.pump() > 0 {}
-        let payload = self.shared.final_payload.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(p) = payload {
-            if matches!(self.sink, Sink::None) {
-                self.connect();
-            }
-            if self.has_destination() {
+            if self.has_destination() && self.can_deliver() {
                 self.deliver(&p);
             } else {
                 self.shared.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.flush_all();
+        // Nothing comes after this: whatever is still kept or queued is lost.
+        self.drop_kept();
+        self.dropped_unsent();
+        self.shared.drop_queued();
         self.sync_files();
     }
 
     fn abandon(&mut self) {
         // The deadline was set by whoever abandoned (drop: now + ABANDON_WRITE; a close that
         // timed out: its own deadline, already past).
+        self.drop_kept();
         if matches!(self.sink, Sink::Socket(_)) {
             self.write_out();
         }

@@ -676,3 +676,250 @@ fn close_against_a_stuck_collector_accounts_for_every_record() {
     assert_eq!(stats.sent + stats.dropped, 200_000 + 1, "every record and the closing one: {stats:?}");
     holder.join().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// A collector that closes connections: eviction of an idle client, refusal when full, a write
+// cut short. These fake collectors act on their own sockets step by step, so each ordering is
+// forced rather than waited for.
+
+/// The next connection on a non-blocking `listener` (bounded wait: the client connects on its
+/// own schedule), as a blocking stream with a read timeout that fails a stuck test.
+fn accept_next(listener: &UnixListener) -> UnixStream {
+    let mut got = None;
+    let ok = wait_until(Duration::from_secs(10), || {
+        got = got.take().or_else(|| listener.accept().ok().map(|(s, _)| s));
+        got.is_some()
+    });
+    assert!(ok, "the client did not connect");
+    let s = got.unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn read_frames(r: &mut FrameReader<UnixStream>, n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| r.next_frame().unwrap_or_else(|e| panic!("frame {i}: {e}")).unwrap().to_vec()).collect()
+}
+
+/// Bytes waiting to be read on `s` (FIONREAD).
+fn unread(s: &UnixStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int; the fd is open while `s` lives.
+    assert_eq!(unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) }, 0);
+    n as usize
+}
+
+fn session_options() -> ClientOptions {
+    ClientOptions {
+        preamble: Some(b"session".to_vec()),
+        write_timeout: Duration::from_secs(30),
+        ..fast_options()
+    }
+}
+
+/// Accepts the client's connection and reads its preamble and `records`; returns the reader
+/// once the client has written (and counted as sent) all of them, i.e. is idle.
+fn serve_until_idle(
+    listener: &UnixListener,
+    client: &Client,
+    records: &[Vec<u8>],
+) -> FrameReader<UnixStream> {
+    let mut r = FrameReader::new(accept_next(listener));
+    let before = client.stats().sent;
+    for p in records {
+        assert!(client.send(p.clone()));
+    }
+    let mut want = vec![b"session".to_vec()];
+    want.extend(records.iter().cloned());
+    assert_eq!(read_frames(&mut r, want.len()), want);
+    assert!(wait_until(Duration::from_secs(5), || client.stats().sent == before + records.len() as u64));
+    r
+}
+
+#[test]
+fn an_idle_client_whose_connection_was_closed_loses_nothing_and_resends_its_session_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evict.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let client = Client::start(Address::Unix(path), session_options());
+    let first: Vec<Vec<u8>> = (0..10).map(rec).collect();
+    // The collector closes the idle client's connection (eviction: what it received is kept).
+    drop(serve_until_idle(&listener, &client, &first));
+
+    // The next batch finds the hang-up before it is written: kept, not dropped, and sent on
+    // the next connection right after the session record.
+    for i in 10..40 {
+        assert!(client.send(rec(i)));
+    }
+    let mut r = FrameReader::new(accept_next(&listener));
+    let mut want = vec![b"session".to_vec()];
+    want.extend((10..40).map(rec));
+    assert_eq!(read_frames(&mut r, want.len()), want);
+    let s = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_secs(5));
+    assert_eq!(read_frames(&mut r, 1), vec![b"closing dropped=0".to_vec()]);
+    assert_eq!((s.sent, s.dropped, s.queued, s.reconnects, s.refused), (41, 0, 0, 1, 0), "{s:?}");
+}
+
+#[test]
+fn a_full_collector_refusing_connections_grows_the_backoff_and_loses_nothing_within_the_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let initial = Duration::from_millis(2);
+    let capacity = 64;
+    let opts = ClientOptions {
+        queue_capacity: capacity,
+        backoff_initial: initial,
+        backoff_max: Duration::from_secs(1),
+        ..session_options()
+    };
+    let client = Client::start(Address::Unix(path), opts);
+    drop(serve_until_idle(&listener, &client, &(0..5).map(rec).collect::<Vec<_>>()));
+
+    // Evicted, then refused a few times: accepted and closed without a byte read, as a full
+    // collector does. Records keep coming meanwhile; the first of them find the hang-up and
+    // are kept.
+    let mut next = 5;
+    const REFUSALS: u32 = 5;
+    for k in 1..=REFUSALS {
+        for _ in 0..8 {
+            assert!(client.send(rec(next)));
+            next += 1;
+        }
+        let s = accept_next(&listener);
+        // Only the session record goes out on a connection on trial.
+        assert!(wait_until(Duration::from_secs(5), || unread(&s) >= 4 + 7));
+        assert_eq!(unread(&s), 4 + 7, "records were written to a connection on trial");
+        drop(s);
+        assert!(wait_until(Duration::from_secs(5), || client.stats().refused == u64::from(k)));
+        let st = client.stats();
+        // The backoff grows per refusal: a connection closed right after it was made is no success.
+        assert_eq!(st.retry_delay, initial * 2u32.pow(k - 1), "after refusal {k}: {st:?}");
+        assert_eq!((st.sent, st.dropped, st.queued, st.reconnects), (5, 0, next as u64 - 5, 0), "{st:?}");
+    }
+    // The kept batch counts against the queue bound: the queue takes only what is left of it.
+    let mut refused_by_send = 0u64;
+    for _ in 0..2 * capacity {
+        if client.send(rec(next)) {
+            next += 1;
+        } else {
+            refused_by_send += 1;
+        }
+    }
+    let st = client.stats();
+    assert_eq!(st.queued, capacity as u64, "{st:?}");
+    assert_eq!(st.dropped, refused_by_send, "{st:?}");
+
+    // The collector has room again: every record it was not refused arrives, once, in order.
+    let mut r = FrameReader::new(accept_next(&listener));
+    let mut want = vec![b"session".to_vec()];
+    want.extend((5..next).map(rec));
+    assert_eq!(read_frames(&mut r, want.len()), want);
+    let s = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_secs(5));
+    assert_eq!(read_frames(&mut r, 1), vec![format!("closing dropped={refused_by_send}").into_bytes()]);
+    assert_eq!(
+        (s.sent, s.dropped, s.reconnects, s.refused),
+        (next as u64 + 1, refused_by_send, 1, 5),
+        "{s:?}"
+    );
+    assert_eq!(s.retry_delay, Duration::ZERO, "an accepted connection resets the backoff");
+}
+
+#[test]
+fn a_write_cut_short_by_the_collector_counts_its_records_as_dropped() {
+    // Part of the write reached the collector, which may have stored its complete frames:
+    // sending the batch again could store them twice, so its records are dropped and counted.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let client = Client::start(Address::Unix(path), session_options());
+    // Queued while the connection is on trial, so that they go out in one write: larger than
+    // any socket buffer (212992 bytes by default), it cannot be transferred in full while the
+    // collector does not read.
+    let big = vec![7u8; MAX_FRAME_BYTES];
+    let batch = 4 + rec(0).len() + 4 + rec(1).len() + 4 + big.len();
+    for p in [rec(0), rec(1), big] {
+        assert!(client.send(p));
+    }
+    let mut s = accept_next(&listener);
+    let mut preamble = [0u8; 4 + 7];
+    s.read_exact(&mut preamble).unwrap();
+    assert_eq!(&preamble[4..], b"session");
+    // The write has started; the collector closes while it is blocked part way.
+    assert!(wait_until(Duration::from_secs(5), || unread(&s) > 0));
+    let transferred = unread(&s);
+    assert!(transferred < batch, "the whole write fit in the socket ({transferred} bytes): cannot cut it");
+    drop(s);
+    assert!(wait_until(Duration::from_secs(5), || client.stats().dropped == 3), "{:?}", client.stats());
+
+    // The client reconnects at once (that connection had worked) and goes on.
+    let mut r = FrameReader::new(accept_next(&listener));
+    assert!(client.send(rec(2)));
+    assert_eq!(read_frames(&mut r, 2), vec![b"session".to_vec(), rec(2)]);
+    let st = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_secs(5));
+    assert_eq!(read_frames(&mut r, 1), vec![b"closing dropped=3".to_vec()]);
+    assert_eq!((st.sent, st.dropped, st.reconnects, st.refused), (2, 3, 1, 0), "{st:?}");
+}
+
+#[test]
+fn records_kept_for_a_connection_that_never_comes_are_in_the_closing_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gone.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let client = Client::start(Address::Unix(path.clone()), session_options());
+    drop(serve_until_idle(&listener, &client, &[rec(0)]));
+    // The collector goes away after closing the connection: the next batch is kept, and no
+    // connection will take it.
+    drop(listener);
+    std::fs::remove_file(&path).unwrap();
+    for i in 1..=20 {
+        assert!(client.send(rec(i)));
+    }
+    assert!(wait_until(Duration::from_secs(5), || client.stats().retry_delay > Duration::ZERO));
+    let st = client.stats();
+    assert_eq!((st.queued, st.dropped), (20, 0), "{st:?}");
+    let told = Arc::new(Mutex::new(None));
+    let told2 = told.clone();
+    let st = client.close(
+        move |d| {
+            *told2.lock().unwrap() = Some(d);
+            b"closing".to_vec()
+        },
+        Duration::from_secs(2),
+    );
+    assert_eq!(*told.lock().unwrap(), Some(20), "the closing record counts the kept records");
+    assert_eq!((st.sent, st.dropped, st.queued), (1, 21, 0), "{st:?}");
+}
+
+#[test]
+fn a_client_closing_after_its_idle_connection_was_closed_delivers_everything_on_a_new_one() {
+    // Closing right after the eviction: the hang-up is found while draining (records queued)
+    // or by the closing record itself (nothing queued). Either way nothing is lost.
+    for queued in [0, 20] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let client = Client::start(Address::Unix(path), session_options());
+        drop(serve_until_idle(&listener, &client, &[rec(0)]));
+        for i in 1..=queued {
+            assert!(client.send(rec(i)));
+        }
+        // `close` waits for the delivery: the collector serves the new connection meanwhile.
+        let server = thread::spawn(move || {
+            let mut r = FrameReader::new(accept_next(&listener));
+            read_frames(&mut r, 1 + queued + 1)
+        });
+        let s = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_secs(5));
+        let mut want = vec![b"session".to_vec()];
+        want.extend((1..=queued).map(rec));
+        want.push(b"closing dropped=0".to_vec());
+        assert_eq!(server.join().unwrap(), want, "{queued} queued");
+        assert_eq!((s.sent, s.dropped, s.reconnects), (queued as u64 + 2, 0, 1), "{queued} queued: {s:?}");
+    }
+}
