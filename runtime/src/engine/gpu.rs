@@ -2366,6 +2366,19 @@ mod tests {
         assert_eq!(seen.len(), 1024, "four prefill checks of 256 rows cover all 1024 rows");
     }
 
+    /// A bf16 `F.linear`-shaped call of M x N x K on stream 7, its buffers in `rt`'s memory.
+    fn bf16_call(rt: &FakeRuntime, (m, n, k): (u64, u64, u64)) -> crate::intercept::InterceptedGemm {
+        use crate::problem::{GemmBuffers, GemmProblem};
+        let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
+        crate::intercept::InterceptedGemm {
+            entry: "cublasGemmEx",
+            problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+            buffers: GemmBuffers { a: alloc(m * k), b: alloc(k * n), d: alloc(m * n), ..Default::default() },
+            stream: 7,
+            pointer_arrays: None,
+        }
+    }
+
     /// A small pool and ring, synchronous compiles, the default detach policy.
     fn fake_settings() -> GpuSettings {
         GpuSettings {
@@ -2426,7 +2439,7 @@ mod tests {
         // under `auto`, for GEMMs below SPLIT_AUTO_MIN_FLOPS.
         use crate::device::fake::SIDE_STREAM;
         use crate::device::gpu::SplitUse;
-        use crate::problem::{GemmBuffers, GemmProblem};
+        use crate::problem::GemmProblem;
         const SMALL: (u64, u64, u64) = (1024, 256, 512);
         // `first_m`: the first SPLIT_BUFFERS calls with this many rows instead (same buffers).
         let run_with = |split: SplitUse,
@@ -2441,19 +2454,7 @@ mod tests {
             settings.side_stream = true;
             settings.kernels.split = split;
             let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
-            let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
-            let call = crate::intercept::InterceptedGemm {
-                entry: "cublasGemmEx",
-                problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
-                buffers: GemmBuffers {
-                    a: alloc(m * k),
-                    b: alloc(k * n),
-                    d: alloc(m * n),
-                    ..Default::default()
-                },
-                stream: 7,
-                pointer_arrays: None,
-            };
+            let call = bf16_call(&rt, (m, n, k));
             let thresholds = crate::thresholds::Thresholds::default();
             let mut kernels = Vec::new();
             for seq in 0..calls {
@@ -2527,26 +2528,12 @@ mod tests {
         // A site checked on streams 7 and 9 remembers both for its projection's retirement.
         // Once stream 7 is destroyed, replacing the projection records no event there (the
         // handle is dead, or another stream's): the old projection is kept instead.
-        use crate::problem::{GemmBuffers, GemmProblem};
         let replace_after = |destroy: Option<u64>| -> Vec<String> {
             let rt = Arc::new(FakeRuntime::with_kernels());
             let mut settings = fake_settings();
             settings.pool_bytes = 64 << 20;
             let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
-            let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
-            let (m, n, k) = (16, 256, 512);
-            let mut call = crate::intercept::InterceptedGemm {
-                entry: "cublasGemmEx",
-                problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
-                buffers: GemmBuffers {
-                    a: alloc(m * k),
-                    b: alloc(k * n),
-                    d: alloc(m * n),
-                    ..Default::default()
-                },
-                stream: 7,
-                pointer_arrays: None,
-            };
+            let mut call = bf16_call(&rt, (16, 256, 512));
             let thresholds = crate::thresholds::Thresholds::default();
             let mut check = |seq: u64, stream: u64| {
                 call.stream = stream;
@@ -2581,20 +2568,11 @@ mod tests {
         // The prep kernel is queued when the W_R launch is refused: its buffers are held behind
         // an event on the caller's stream (no synchronisation there) and go back to the pool
         // once a later set-up finds that event done.
-        use crate::problem::{GemmBuffers, GemmProblem};
         let rt = Arc::new(FakeRuntime::with_kernels());
         let mut settings = fake_settings();
         settings.pool_bytes = 64 << 20;
         let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
-        let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
-        let (m, n, k) = (16, 256, 512);
-        let call = crate::intercept::InterceptedGemm {
-            entry: "cublasGemmEx",
-            problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
-            buffers: GemmBuffers { a: alloc(m * k), b: alloc(k * n), d: alloc(m * n), ..Default::default() },
-            stream: 7,
-            pointer_arrays: None,
-        };
+        let call = bf16_call(&rt, (16, 256, 512));
         let thresholds = crate::thresholds::Thresholds::default();
         let req = CheckRequest::sketch_for_test(&call, &thresholds);
         // Compile and load first (a synchronous compile may synchronise; it is not the point).
