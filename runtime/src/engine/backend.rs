@@ -184,6 +184,9 @@ pub trait Backend: Send + Sync {
     /// `stream` is about to be destroyed: forget every use of its handle (called before the
     /// real destroy, on the destroying thread, whatever device is current there).
     fn stream_destroyed(&self, _stream: u64) {}
+    /// The host is about to record an event on `stream` (which may be capturing): work it
+    /// left pending for later on that stream must be captured before the event.
+    fn event_recording(&self, _stream: u64) {}
     /// The host is about to reset `device` (None: the calling thread's current one): its
     /// context and everything made in it go away.
     fn device_reset(&self, _device: Option<i32>) {}

@@ -17,8 +17,13 @@
 //!
 //! A copy that cannot be added and ordered takes its check with it (counted, never judged on a
 //! snapshot that may be torn).
+//!
+//! An event recorded on the stream while a copy is pending settles it too (a join): another
+//! stream that waits for that event later depends on what the stream had captured up to then,
+//! and that must include the copy, or its work could overwrite what the copy reads.
 
 use crate::device::GraphNode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Byte ranges `[start, end)`.
 pub(crate) type Span = (u64, u64);
@@ -85,6 +90,15 @@ pub(crate) struct PendingCopies<W> {
     pending: Vec<PendingCopy<W>>,
 }
 
+/// Copies pending in every backend of the process: an event record looks further only when
+/// some are (one atomic load on the host's every `cuEventRecord`).
+static PENDING_ANYWHERE: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any backend of the process has a copy pending.
+pub(crate) fn any_pending() -> bool {
+    PENDING_ANYWHERE.load(Ordering::Acquire) != 0
+}
+
 impl<W> Default for PendingCopies<W> {
     fn default() -> Self {
         PendingCopies { pending: Vec::new() }
@@ -95,27 +109,44 @@ impl<W> PendingCopies<W> {
     /// The copy pending on `stream`, removed.
     pub fn take(&mut self, stream: u64) -> Option<PendingCopy<W>> {
         let i = self.pending.iter().position(|p| p.stream == stream)?;
+        self.note_removed(1);
         Some(self.pending.remove(i))
     }
 
     /// Puts back a copy left beside the next GEMM.
     pub fn put_back(&mut self, copy: PendingCopy<W>) {
         self.pending.push(copy);
+        PENDING_ANYWHERE.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Adds a copy; returns the one pushed out to make room, to be settled by the caller.
     /// A stream has one pending copy at a time (the caller settles the previous one first).
     pub fn push(&mut self, copy: PendingCopy<W>) -> Option<PendingCopy<W>> {
         let out = (self.pending.len() >= MAX_PENDING).then(|| self.pending.remove(0));
-        self.pending.push(copy);
+        self.note_removed(out.is_some() as usize);
+        self.put_back(copy);
         out
     }
 
     /// Every copy pending in capture `capture`, removed.
     pub fn take_capture(&mut self, capture: u64) -> Vec<PendingCopy<W>> {
-        let (mine, rest) = std::mem::take(&mut self.pending).into_iter().partition(|p| p.capture == capture);
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.pending).into_iter().partition(|p| p.capture == capture);
         self.pending = rest;
+        self.note_removed(mine.len());
         mine
+    }
+
+    fn note_removed(&self, n: usize) {
+        if n > 0 {
+            PENDING_ANYWHERE.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<W> Drop for PendingCopies<W> {
+    fn drop(&mut self) {
+        self.note_removed(self.pending.len());
     }
 }
 
@@ -162,8 +193,13 @@ mod tests {
         assert!(!p.settles_in(None), "the stream no longer captures");
     }
 
+    /// The tests that move copies in and out hold this: the count of pending copies is the
+    /// process's.
+    static PENDING_COUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn pending_copies_are_one_per_stream_bounded_and_taken_per_capture() {
+        let _count = PENDING_COUNT.lock().unwrap_or_else(|e| e.into_inner());
         let mut pc = PendingCopies::<u64>::default();
         assert!(pc.push(copy(1, &[1], &[])).is_none());
         assert!(pc.push(PendingCopy { capture: 8, ..copy(2, &[2], &[]) }).is_none());
@@ -183,5 +219,31 @@ mod tests {
         let out = pc.push(copy(99, &[99], &[])).expect("one pushed out");
         assert_eq!(out.stream, 2);
         assert_eq!(pc.take_capture(7).len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn event_records_look_further_only_while_a_copy_is_pending_somewhere() {
+        let _count = PENDING_COUNT.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(!any_pending());
+        let mut a = PendingCopies::<u64>::default();
+        let mut b = PendingCopies::<u64>::default();
+        a.push(copy(1, &[1], &[]));
+        b.push(copy(2, &[2], &[]));
+        let one = a.take(1).unwrap();
+        assert!(any_pending(), "another backend's copy is still pending");
+        a.put_back(one);
+        assert_eq!(b.take_capture(7).len(), 1);
+        assert!(any_pending());
+        assert!(a.take(1).is_some());
+        assert!(!any_pending());
+        // A backend dropped with copies pending leaves nothing counted.
+        a.push(copy(3, &[3], &[]));
+        drop(a);
+        assert!(!any_pending());
+        for s in 0..MAX_PENDING as u64 + 2 {
+            b.push(copy(s, &[s], &[]));
+        }
+        drop(b);
+        assert!(!any_pending(), "copies pushed out are not counted twice");
     }
 }

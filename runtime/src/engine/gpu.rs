@@ -2187,6 +2187,12 @@ impl Backend for GpuBackend {
         self.poll_diagnoses(diagnosis_slots, out);
     }
 
+    fn event_recording(&self, stream: u64) {
+        // A copy pending after the stream's last checked GEMM joins the stream now, so the
+        // event (and whatever waits for it on another stream) comes after it.
+        self.settle_copy_after(Stream(stream));
+    }
+
     fn stream_destroyed(&self, stream: u64) {
         let stream = Stream(stream);
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());

@@ -273,6 +273,22 @@ pub fn on_stream_destroy(stream: u64) {
     }
 }
 
+/// The host is about to record an event on `stream`: a snapshot copy pending on a capturing
+/// stream is captured first, so that work of other streams waiting for that event is ordered
+/// after it. One atomic load when no copy is pending. Never starts the engine.
+pub fn on_event_record(stream: u64) {
+    if !copy_beside::any_pending() {
+        return;
+    }
+    let Some(Some(e)) = ENGINE.get() else { return };
+    if FORKED_CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(b) = e.backend.as_ref() {
+        b.event_recording(stream);
+    }
+}
+
 /// The host is about to reset `device` (None: the current one): the backend made in its
 /// context is retired, and the device's next call starts a new one. Never starts the engine.
 pub fn on_device_reset(device: Option<i32>) {

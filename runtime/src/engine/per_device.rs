@@ -176,6 +176,12 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         }
     }
 
+    fn event_recording(&self, stream: u64) {
+        for b in self.all() {
+            b.event_recording(stream);
+        }
+    }
+
     fn device_reset(&self, device: Option<i32>) {
         let Some(ordinal) = device.or_else(|| self.probe.current_ordinal().ok()) else {
             return;

@@ -132,3 +132,20 @@ exec_change!(
     exec_node_params: cuGraphExecNodeSetParams,
     exec_node_enabled: cuGraphNodeSetEnabled,
 );
+
+macro_rules! event_record {
+    ($($handler:ident: $sym:ident),* $(,)?) => {$(
+        /// An event recorded on a stream: a snapshot copy pending there is captured first (see
+        /// `engine::copy_beside`), then the event is recorded.
+        pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
+            crate::engine::on_event_record(a.stream as u64);
+            real.call()
+        }
+    )*};
+}
+event_record!(
+    event_record: cuEventRecord,
+    event_record_ptsz: cuEventRecord_ptsz,
+    event_record_with_flags: cuEventRecordWithFlags,
+    event_record_with_flags_ptsz: cuEventRecordWithFlags_ptsz,
+);

@@ -192,6 +192,15 @@ macro_rules! for_each_hook {
             cuDevicePrimaryCtxReset: lifetime::primary_ctx_reset, missing = 500, (device: i32);
             cuDevicePrimaryCtxReset_v2: lifetime::primary_ctx_reset_v2, missing = 500, (device: i32);
             hipDeviceReset: lifetime::hip_device_reset, missing = 500, ();
+            // Another stream may wait for an event recorded on a capturing stream: a snapshot
+            // copy pending there is captured before the event (`engine::copy_beside`).
+            cuEventRecord: graph::event_record, missing = 500, (event: *mut c_void, stream: *mut c_void);
+            cuEventRecord_ptsz: graph::event_record_ptsz, missing = 500, (event: *mut c_void,
+                stream: *mut c_void);
+            cuEventRecordWithFlags: graph::event_record_with_flags, missing = 500, (event: *mut c_void,
+                stream: *mut c_void, flags: u32);
+            cuEventRecordWithFlags_ptsz: graph::event_record_with_flags_ptsz, missing = 500, (
+                event: *mut c_void, stream: *mut c_void, flags: u32);
             // ---- Kernel launches (`intercept::launch`); `_ptsz`: per-thread default stream ------
             cuLaunchKernel: launch::cu_launch_kernel, missing = 500, (f: *mut c_void, grid_x: u32,
                 grid_y: u32, grid_z: u32, block_x: u32, block_y: u32, block_z: u32, shared_bytes: u32,
