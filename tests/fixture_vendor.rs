@@ -335,6 +335,7 @@ impl Case {
                 diagnose: Diagnose::No,
                 thresholds: &thresholds,
                 rewrites_inputs: false,
+                scratch: None,
             };
             backend.after_call(&req, Default::default()).unwrap();
             let mut out = Vec::new();

@@ -153,6 +153,7 @@ fn request(call: &InterceptedGemm, mode: CheckMode, epoch: u64) -> CheckRequest<
         rows_per_call: 48,
         logits_topk: None,
         device_gate: None,
+        scratch: None,
         diagnose: Diagnose::No,
         thresholds: &DEFAULT_THRESHOLDS,
         rewrites_inputs: false,

@@ -53,6 +53,8 @@ pub struct CheckRequest<'a> {
     /// Fault injection rewrites this call's inputs (operands, scales) in place around it
     /// (`QUANTSHADOW_INJECT`): writes beyond D that the call's own check cannot see.
     pub rewrites_inputs: bool,
+    /// Memory the library writes besides D during the call ([`crate::intercept::GemmArgs::scratch`]).
+    pub scratch: Option<(u64, u64)>,
 }
 
 /// Diagnosis of a site (issue 6): the reference re-run under alternative readings of the
@@ -86,6 +88,7 @@ impl<'a> CheckRequest<'a> {
             diagnose: Diagnose::No,
             thresholds,
             rewrites_inputs: false,
+            scratch: None,
         }
     }
 }

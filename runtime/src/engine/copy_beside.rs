@@ -70,10 +70,13 @@ impl<W> PendingCopy<W> {
     }
 
     /// `frontier`: the stream's capture dependencies now; `writes`: what the next GEMM writes
-    /// (None: unknown).
-    pub fn settle(&self, frontier: &[GraphNode], writes: Option<Span>) -> Settle {
+    /// (D, and its workspace where it has one; None: unknown).
+    pub fn settle(&self, frontier: &[GraphNode], writes: Option<&[Span]>) -> Settle {
         match writes {
-            Some(w) if same_nodes(frontier, &self.after) && !self.reads.iter().any(|&r| overlaps(r, w)) => {
+            Some(w)
+                if same_nodes(frontier, &self.after)
+                    && !self.reads.iter().any(|&r| w.iter().any(|&w| overlaps(r, w))) =>
+            {
                 Settle::Beside
             }
             _ => Settle::Join,
@@ -173,14 +176,17 @@ mod tests {
     fn the_next_gemm_runs_beside_only_straight_after_and_writing_elsewhere() {
         let p = copy(1, &[10, 11], &[(0x1000, 0x3000), (0x8000, 0x8100)]);
         // Same frontier in another order, output elsewhere (touching the end is not overlap).
-        assert_eq!(p.settle(&nodes(&[11, 10]), Some((0x3000, 0x4000))), Settle::Beside);
+        assert_eq!(p.settle(&nodes(&[11, 10]), Some(&[(0x3000, 0x4000)])), Settle::Beside);
         // Writes into a source: A, D or a scale of the copied call.
-        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x2fff, 0x4000))), Settle::Join);
-        assert_eq!(p.settle(&nodes(&[10, 11]), Some((0x80f0, 0x80f8))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some(&[(0x2fff, 0x4000)])), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some(&[(0x80f0, 0x80f8)])), Settle::Join);
         // Something else was captured since (the frontier moved), or a node was added to it.
-        assert_eq!(p.settle(&nodes(&[12]), Some((0x9000, 0xa000))), Settle::Join);
-        assert_eq!(p.settle(&nodes(&[10, 11, 12]), Some((0x9000, 0xa000))), Settle::Join);
-        assert_eq!(p.settle(&nodes(&[10]), Some((0x9000, 0xa000))), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[12]), Some(&[(0x9000, 0xa000)])), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11, 12]), Some(&[(0x9000, 0xa000)])), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10]), Some(&[(0x9000, 0xa000)])), Settle::Join);
+        // The call's workspace (a second range it writes) over a source.
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some(&[(0x9000, 0xa000), (0x1800, 0x1900)])), Settle::Join);
+        assert_eq!(p.settle(&nodes(&[10, 11]), Some(&[(0x9000, 0xa000), (0xb000, 0xc000)])), Settle::Beside);
         // Unknown output: never beside.
         assert_eq!(p.settle(&nodes(&[10, 11]), None), Settle::Join);
     }

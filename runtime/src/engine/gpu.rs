@@ -1828,7 +1828,7 @@ impl GpuBackend {
             return;
         }
         match self.runtime.capture_frontier(stream) {
-            Ok(Some(frontier)) if copy.settle(&frontier, call_writes(req)) == Settle::Beside => {
+            Ok(Some(frontier)) if copy.settle(&frontier, call_writes(req).as_deref()) == Settle::Beside => {
                 copies.put_back(PendingCopy { beside: true, ..copy })
             }
             _ => {
@@ -1979,10 +1979,10 @@ fn eager_rows(sample: &crate::sketch::RowSample, next: &mut u64) -> QsRowSel {
 }
 
 /// The bytes a call writes, for a pending copy deciding whether it may run beside the call:
-/// D, or None (unknown: never beside) for pointer arrays, inputs that fault injection rewrites in
+/// D and its workspace, or None (unknown: never beside) for pointer arrays, inputs that fault injection rewrites in
 /// place around the call, an amax output, and C overwritten in place (the shim first copies C
 /// into a buffer of the site's own, which a pending copy of the same site may be reading).
-fn call_writes(req: &CheckRequest) -> Option<Span> {
+fn call_writes(req: &CheckRequest) -> Option<Vec<Span>> {
     if req.call.pointer_arrays.is_some()
         || req.rewrites_inputs
         || req.call.buffers.amax_d != 0
@@ -1992,7 +1992,12 @@ fn call_writes(req: &CheckRequest) -> Option<Span> {
     }
     let p = &req.call.problem;
     let bytes = p.d.format.bytes_for(p.d.required_elements(p.m, p.n, p.batch) as usize) as u64;
-    Some((req.call.buffers.d, req.call.buffers.d.saturating_add(bytes)))
+    Some(
+        [(req.call.buffers.d, req.call.buffers.d.saturating_add(bytes))]
+            .into_iter()
+            .chain(req.scratch)
+            .collect(),
+    )
 }
 
 /// Whether the call reads C and writes D over it (beta may be non-zero): the shim copies C
@@ -2755,7 +2760,16 @@ mod tests {
         let writes = |call: &crate::intercept::InterceptedGemm, rewrites_inputs| {
             call_writes(&CheckRequest { rewrites_inputs, ..CheckRequest::sketch_for_test(call, &thresholds) })
         };
-        assert_eq!(writes(&call, false), Some((0x10000, 0x10000 + 4096 * 2)), "D: one bf16 row");
+        assert_eq!(writes(&call, false), Some(vec![(0x10000, 0x10000 + 4096 * 2)]), "D: one bf16 row");
+        let with_workspace = call_writes(&CheckRequest {
+            scratch: Some((0x50000, 0x60000)),
+            ..CheckRequest::sketch_for_test(&call, &thresholds)
+        });
+        assert_eq!(
+            with_workspace,
+            Some(vec![(0x10000, 0x10000 + 4096 * 2), (0x50000, 0x60000)]),
+            "and the workspace"
+        );
         assert_eq!(writes(&call, true), None, "fault injection rewrites the inputs in place");
         call.buffers.amax_d = 0x20000;
         assert_eq!(writes(&call, false), None, "an amax output is written too");

@@ -614,6 +614,7 @@ impl Engine {
             },
             thresholds: &self.config.thresholds,
             rewrites_inputs: faults.as_ref().is_some_and(|f| !f.before.is_empty()),
+            scratch: args.scratch(),
         };
         let pre = if checking {
             match backend.before_call(&request) {

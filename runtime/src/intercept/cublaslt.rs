@@ -106,6 +106,11 @@ impl GemmArgs for cublasLtMatmul::Args {
     fn decode(&self) -> Result<InterceptedGemm, Skip> {
         self.decode_with(&CublasLtReal)
     }
+    fn scratch(&self) -> Option<(u64, u64)> {
+        let start = self.workspace as u64;
+        (start != 0 && self.workspace_bytes > 0)
+            .then(|| (start, start.saturating_add(self.workspace_bytes as u64)))
+    }
     fn stream(&self) -> Option<u64> {
         Some(self.stream as u64)
     }

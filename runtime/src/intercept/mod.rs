@@ -99,6 +99,11 @@ pub trait GemmArgs {
     fn kernel(&self) -> Option<String> {
         None
     }
+    /// Device memory the library may write besides D during the call, as [start, end): the
+    /// workspace a cuBLASLt / hipBLASLt call is given.
+    fn scratch(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The real function of one call, called at most once through [`RealCall::call`].
