@@ -40,6 +40,9 @@ pub(crate) struct PendingCopy<W> {
     pub reads: Vec<Span>,
     /// The next GEMM was let run beside the copy; it is added after that GEMM.
     pub beside: bool,
+    /// The thread that captured its GEMM: only that thread adds nodes to the capture's graph
+    /// (graphs are not thread-safe).
+    pub thread: std::thread::ThreadId,
     pub work: W,
 }
 
@@ -164,6 +167,7 @@ mod tests {
             after: after.iter().map(|&n| GraphNode(n)).collect(),
             reads: reads.to_vec(),
             beside: false,
+            thread: std::thread::current().id(),
             work: 100 + stream,
         }
     }

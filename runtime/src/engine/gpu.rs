@@ -1399,8 +1399,15 @@ impl GpuBackend {
                     };
                     let reads = snapshot_reads(g);
                     let work = CopyWork { copy, check };
-                    let pending =
-                        PendingCopy { capture: id, stream: stream.0, after, reads, beside: false, work };
+                    let pending = PendingCopy {
+                        capture: id,
+                        stream: stream.0,
+                        after,
+                        reads,
+                        beside: false,
+                        thread: std::thread::current().id(),
+                        work,
+                    };
                     let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
                     let earlier = copies.take(stream.0); // settled in after_call: not reached
                     let out = copies.push(pending);
@@ -2193,13 +2200,28 @@ impl Backend for GpuBackend {
     }
 
     fn event_recording(&self, stream: u64) {
-        // A copy pending after the stream's last checked GEMM joins the stream now, so the
-        // event (and whatever waits for it on another stream) comes after it.
-        self.settle_copy_after(Stream(stream));
+        // A copy pending after the stream's last checked GEMM joins the stream now, in front of
+        // everything captured since its GEMM, so the event (and whatever waits for it on another
+        // stream) comes after it. Another thread must not add nodes to the capture's graph:
+        // there the copy and its check are dropped (counted), never left unordered.
+        let stream = Stream(stream);
+        let copy = self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0);
+        let Some(copy) = copy else { return };
+        if copy.thread != std::thread::current().id()
+            || !copy.settles_in(self.runtime.capture_id(stream).ok().flatten())
+        {
+            super::note_skip(COPY_DROPPED);
+            return;
+        }
+        self.add_copy(copy, true, true);
     }
 
     fn stream_destroyed(&self, stream: u64) {
         let stream = Stream(stream);
+        // A copy pending on it (a capture never ended) can never be added.
+        if self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0).is_some() {
+            super::note_skip(COPY_DROPPED);
+        }
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         for site in sites.values_mut() {
             // Its checks' events can no longer be recorded there: the projection is kept when

@@ -296,6 +296,11 @@ pub fn on_device_reset(device: Option<i32>) {
     if FORKED_CHILD.load(Ordering::Relaxed) {
         return;
     }
+    // The reset destroys the executables and clones the graph selection knows; a later graph
+    // may get one of their handles.
+    if let Some(select) = graph_select::get() {
+        select.forget_all();
+    }
     if let Some(b) = e.backend.as_ref() {
         b.device_reset(device);
     }

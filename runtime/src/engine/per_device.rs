@@ -41,10 +41,10 @@ pub struct PerDevice<B: Backend> {
     /// Backends of devices the host reset (`cudaDeviceReset`): their context, memory and
     /// handles are gone, so they are never used again and never dropped (a drop would hand the
     /// driver handles of the destroyed context). The device's next call starts a new one.
-    reset: Mutex<Vec<Arc<B>>>,
+    reset: Mutex<Vec<(i32, Arc<B>)>>,
 }
 
-/// Device resets after which a device's backend is started again; past it the device's calls
+/// Resets of one device after which its backend is started again; past it the device's calls
 /// pass through (each reset leaves its old backend's host memory behind).
 const RESETS_MAX: usize = 16;
 
@@ -156,6 +156,13 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         for b in self.all() {
             b.poll(out);
         }
+        // Checks a reset device finished before its reset are in its ring (host pages): a
+        // backend's poll makes no driver call.
+        let reset: Vec<Arc<B>> =
+            self.reset.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, b)| b.clone()).collect();
+        for b in reset {
+            b.poll(out);
+        }
     }
 
     fn is_capturing(&self, stream: u64) -> bool {
@@ -190,8 +197,8 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
             return;
         };
         let mut reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
-        reset.push(old);
-        if reset.len() >= RESETS_MAX {
+        reset.push((ordinal, old));
+        if reset.iter().filter(|(o, _)| *o == ordinal).count() >= RESETS_MAX {
             let why = format!("reset {RESETS_MAX} times: not started again");
             self.failed.lock().unwrap_or_else(|e| e.into_inner()).insert(ordinal, why);
         }
@@ -202,8 +209,13 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
     }
 
     fn dropped(&self) -> u64 {
-        let reset =
-            self.reset.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|b| b.dropped()).sum::<u64>();
+        let reset = self
+            .reset
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, b)| b.dropped())
+            .sum::<u64>();
         self.all().iter().map(|b| b.dropped()).sum::<u64>() + reset
     }
 
@@ -359,6 +371,8 @@ mod tests {
         assert!(!Arc::ptr_eq(&old, &new));
         assert_eq!(old.calls.load(Ordering::Relaxed), 1, "the reset backend gets no call");
         assert_eq!(Arc::strong_count(&old), 2, "kept (never dropped) by the per-device set");
+        old.calls.store(1, Ordering::Relaxed); // a result it finished before the reset
+        assert_eq!(served(&per), [0, 0], "still read");
         // Of the current device (hipDeviceReset), and a device never started: nothing starts.
         current.store(1, Ordering::Relaxed);
         per.device_reset(None);

@@ -405,6 +405,9 @@ struct KernelInfo {
     stats: Option<Mutex<KernelCounts>>,
     /// [`UNLOADS`] when the handle was last found to name this kernel.
     checked_at: AtomicU64,
+    /// The handle came to name another kernel and no replacement could be made (the bound):
+    /// its launches pass through until the next unload, without naming it again each time.
+    stale: AtomicBool,
 }
 
 #[derive(Default)]
@@ -706,6 +709,7 @@ fn describe(l: &Launch, st: &LaunchState, unloads: u64) -> KernelInfo {
         disabled_seen: AtomicUsize::new(0),
         stats: st.listing.is_some().then(|| Mutex::new(KernelCounts::default())),
         checked_at: AtomicU64::new(unloads),
+        stale: AtomicBool::new(false),
     }
 }
 
@@ -719,14 +723,20 @@ fn up_to_date(
     unloads: u64,
 ) -> Option<&'static KernelInfo> {
     if info.checked_at.load(Ordering::Acquire) == unloads {
-        return Some(info);
+        return (!info.stale.load(Ordering::Acquire)).then_some(info);
     }
     let fresh = describe(l, st, unloads);
     if fresh.name == info.name && fresh.param_sizes == info.param_sizes {
+        info.stale.store(false, Ordering::Release);
         info.checked_at.fetch_max(unloads, Ordering::AcqRel);
         return Some(info);
     }
-    TABLE.renew(l.handle, info, fresh)
+    let renewed = TABLE.renew(l.handle, info, fresh);
+    if renewed.is_none() {
+        info.stale.store(true, Ordering::Release);
+        info.checked_at.fetch_max(unloads, Ordering::AcqRel);
+    }
+    renewed
 }
 
 // =============================================================================================
@@ -998,6 +1008,7 @@ mod tests {
             disabled_seen: AtomicUsize::new(0),
             stats: None,
             checked_at: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
         };
         let a = TABLE.get_or_insert(0x1234_5678, || make("a")).unwrap();
         let b = TABLE.get_or_insert(0x1234_5678, || make("b")).unwrap();

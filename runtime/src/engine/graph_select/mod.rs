@@ -276,6 +276,18 @@ impl GraphSelect {
         }
     }
 
+    /// A device was reset: every executable, clone and graph the selection knows may be gone,
+    /// and their handles reused. Everything is forgotten without a driver call (the clones
+    /// died with their context, or leak if another device's); executables made since run
+    /// themselves, device-gated.
+    pub fn forget_all(&self) {
+        let forgotten = std::mem::take(&mut *self.execs.write().unwrap_or_else(|e| e.into_inner()));
+        self.any.store(false, Ordering::Release);
+        self.captured.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // Held clones are dropped without destroying them (their handles may be dead).
+        drop(forgotten);
+    }
+
     /// The caller destroys `graph`: its records go (the handle may be reused).
     pub fn on_graph_destroy(&self, graph: u64) {
         self.captured.lock().unwrap_or_else(|e| e.into_inner()).remove(&graph);

@@ -444,3 +444,29 @@ fn records_count_only_once_their_capture_ended_and_a_failed_end_drops_only_its_o
     sel.on_instantiate(g, e, 0);
     assert_eq!(sel.selected_count(), 1, "capture 8's records were dropped by capture 7's failure");
 }
+
+#[test]
+fn a_device_reset_forgets_every_selection_without_a_driver_call() {
+    // The reset destroyed the caller's executable and its clones: a later executable at the
+    // same handle launches as asked, and its destruction touches no dead clone.
+    let d = Arc::new(FakeDriver::default());
+    let sel = GraphSelect::new(d.clone());
+    let (g, _, _) = captured(&sel, &d, Sampling { first: 0, every: 100 });
+    let user = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, user, 0);
+    assert!(matches!(sel.launch_as(user), LaunchAs::Instead(_)));
+    let destroyed_before = d.with(|m| m.destroyed_execs.len());
+    sel.forget_all();
+    assert_eq!(sel.selected_count(), 0);
+    assert_eq!(sel.launch_as(user), LaunchAs::Unchanged, "the handle now names another executable");
+    sel.on_exec_destroy(user);
+    assert_eq!(
+        d.with(|m| m.destroyed_execs.len()),
+        destroyed_before,
+        "no clone of the dead context destroyed"
+    );
+    // The graph's records are gone too: instantiating it again selects nothing.
+    let again = d.instantiate(g, 0).unwrap();
+    sel.on_instantiate(g, again, 0);
+    assert_eq!(sel.selected_count(), 0);
+}
