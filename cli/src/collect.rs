@@ -16,7 +16,8 @@
 //! being idle alone: only when every slot is taken and a new client arrives, the connection
 //! idle longest is closed to make room, provided it has been idle at least `evict_idle_after`
 //! (one that never sent a record goes before one that did). What it sent is kept: it is read to
-//! the end, like at shutdown, before it is closed. The shim's client notices the close before
+//! the end, like at shutdown, before it is closed (its write side is shut first, so the client
+//! stops writing to it). The shim's client notices the close before
 //! its next write, keeps the records it gathered for it, reconnects at once and sends them after
 //! its session record (nothing lost; only a write cut short mid-way is dropped, counted, since
 //! resending it could store frames twice). A full collector's refusal makes it back off.
@@ -383,6 +384,14 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(Some(t)),
             Stream::Tcp(s) => s.set_read_timeout(Some(t)),
         }
+    }
+
+    /// Ends the collector's side: the client sees the hang-up before its next write.
+    fn shutdown_write(&self) {
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+        };
     }
 }
 
@@ -881,6 +890,12 @@ fn serve_frames(stream: Stream, conn: &ConnState, tx: &SyncSender<FrameBatch>, s
             draining_until = Some(stop_at + DRAIN_MAX);
             reader.set_deadline(draining_until);
             let _ = reader.get_ref().set_read_timeout(DRAIN_READ_TIMEOUT);
+            if evicted {
+                // Told first, so the client keeps (and sends elsewhere) what it has not
+                // written yet instead of writing into a socket about to close; what it wrote
+                // before is read below.
+                reader.get_ref().shutdown_write();
+            }
         }
         if draining_until.is_some_and(|t| Instant::now() >= t) {
             break End::Done;
