@@ -11,9 +11,12 @@ default 1024, no KV cache), or one GEMM repeated (OP bf16 = F.linear, fp8 = torc
 tensor-wise, scales 1, bf16 out). A trial is `passes` back-to-back passes from a CUDA event to
 one recorded after a device-wide sync (so the detached checks still running on the shim's side
 stream count in their trial); paused and checking trials alternate, paused first. Prints one JSON line:
-{"label", "workload", "paused_us", "checking_us", "ratio", "ratios"}: medians per pass of each
-side, their ratio, and the ratio of each adjacent (paused, checking) pair (its spread says how
-far to trust the median). Paused, the shim still intercepts every call and forwards it at once:
+{"label", "workload", "paused_us", "checking_us", "ratio", "ci95", "pair_median", "ratios"}:
+medians per pass of each side, their ratio, a 95% bootstrap interval of that ratio (pairs
+resampled, 2000 draws, seeded), the median of the pairs' ratios, and the ratio of each adjacent
+(paused, checking) pair (its spread says how far to trust the median). The host's speed drifts
+within a process (pairs of one process ranged 0.4-1.9 at 20 passes a trial): many short trials
+(`--trials 200 --passes 2`) resolve a few percent where a few long ones cannot. Paused, the shim still intercepts every call and forwards it at once:
 "paused" is the plain process plus the interposer's per-call cost (<= 100 ns, issue 4).
 Exit status 2 without the shim (nothing to pause).
 """
@@ -21,6 +24,7 @@ import argparse
 import ctypes
 import json
 import os
+import random
 import statistics
 import sys
 
@@ -109,10 +113,25 @@ def main():
         checking.append(trial_us(run, args.passes))
     pause(0)
     pm, cm = statistics.median(paused), statistics.median(checking)
+    ratios = [c / q for q, c in zip(paused, checking)]
     print(json.dumps({
         "label": args.label, "workload": name, "paused_us": round(pm, 2), "checking_us": round(cm, 2),
-        "ratio": round(cm / pm, 4), "ratios": [round(c / q, 3) for q, c in zip(paused, checking)],
+        "ratio": round(cm / pm, 4), "ci95": [round(x, 4) for x in bootstrap_ratio(paused, checking)],
+        "pair_median": round(statistics.median(ratios), 4), "trials": args.trials, "passes": args.passes,
+        "ratios": [round(r, 3) for r in ratios],
     }))
+
+
+def bootstrap_ratio(paused, checking, draws=2000):
+    """95% interval of median(checking) / median(paused) over pairs drawn with replacement."""
+    rng = random.Random(12345)
+    n = len(paused)
+    out = []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        out.append(statistics.median(checking[i] for i in idx) / statistics.median(paused[i] for i in idx))
+    out.sort()
+    return out[int(0.025 * draws)], out[int(0.975 * draws) - 1]
 
 
 if __name__ == "__main__":
