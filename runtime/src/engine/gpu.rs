@@ -2929,4 +2929,43 @@ mod tests {
         assert_eq!((b.last(1), b.last(2)), (None, None));
         assert_eq!(b.last(10), Some(GraphNode(100)));
     }
+
+    /// Host time of the backend's part of one eager sketch check of a warmed site (before_call
+    /// and after_call; the fake's launch does nothing). A benchmark, not a timed test: run with
+    /// `cargo test --release -p quantshadow-runtime bench_backend_eager_sketch -- --ignored
+    /// --nocapture`; on the GPU the driver's launch comes on top.
+    #[test]
+    #[ignore]
+    fn bench_backend_eager_sketch() {
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        settings.side_stream = true;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let call = bf16_call(&rt, (1024, 1024, 1024));
+        let thresholds = crate::thresholds::Thresholds::default();
+        let run = |seq: u64| {
+            let req = CheckRequest { call_seq: seq, ..CheckRequest::sketch_for_test(&call, &thresholds) };
+            let pre = backend.before_call(&req).unwrap();
+            backend.after_call(&req, pre).unwrap();
+        };
+        run(0); // set-up: the site's projection, programs
+        rt.quiet.store(true, Ordering::Relaxed);
+        let mut polled = Vec::new();
+        for round in 0..5 {
+            let calls = 200_000u64;
+            let t = std::time::Instant::now();
+            for seq in 0..calls {
+                run(1 + round * calls + seq);
+                if seq % 1024 == 1023 {
+                    backend.poll(&mut polled); // the ring's slots come back (none written by the fake)
+                    polled.clear();
+                }
+            }
+            println!(
+                "backend eager sketch: {:.0} ns per checked call",
+                t.elapsed().as_nanos() as f64 / calls as f64
+            );
+        }
+    }
 }

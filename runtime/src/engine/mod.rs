@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod graph_select;
 pub mod host;
 pub mod log;
+mod outstanding;
 pub mod per_device;
 mod retired;
 pub mod sites;
@@ -46,7 +47,7 @@ pub struct Engine {
     /// with when: the exit waits for them (captured calls give a result per replay: not
     /// tracked). Entries older than [`OUTSTANDING_STALE`] are let go: their results were
     /// dropped (full ring or queue, counted in the closing record's `dropped`).
-    outstanding: Mutex<HashMap<u64, Instant>>,
+    outstanding: Mutex<outstanding::Outstanding>,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     closed: AtomicBool,
@@ -425,6 +426,17 @@ impl Engine {
             },
             _ => None,
         };
+        let engine = Engine::assemble(config, backend, session_id, pid);
+        // SAFETY: registers a plain extern "C" function (run once at exit). The fork handler is
+        // registered before the start (`engine`).
+        unsafe {
+            libc::atexit(at_exit);
+        }
+        Some(engine)
+    }
+
+    /// The engine of `config` around a started `backend` (None: observe mode or none).
+    fn assemble(config: Config, backend: Option<Box<dyn Backend>>, session_id: u64, pid: u32) -> Engine {
         let (device_name, device_arch) = backend.as_ref().map(|b| b.device()).unwrap_or_default();
         let mut settings: Vec<record::KeyValue> =
             config.settings().into_iter().map(|(key, value)| record::KeyValue { key, value }).collect();
@@ -487,7 +499,7 @@ impl Engine {
             config.sampling.describe(),
             backend.as_ref().map_or("none", |b| b.name())
         ));
-        let engine = Engine {
+        Engine {
             sampler: Sampler::new(config.sampling),
             config,
             session_id,
@@ -497,7 +509,7 @@ impl Engine {
             stats: Stats::default(),
             call_seq: AtomicU64::new(0),
             pending: Mutex::new(PendingCalls::default()),
-            outstanding: Mutex::default(),
+            outstanding: Mutex::new(outstanding::Outstanding::new(PENDING_CAP, OUTSTANDING_STALE)),
             poller: Mutex::new(None),
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -506,13 +518,7 @@ impl Engine {
             diagnoses_running: AtomicUsize::new(0),
             policy_facts,
             policy_seen: Mutex::new(Default::default()),
-        };
-        // SAFETY: registers a plain extern "C" function (run once at exit). The fork handler is
-        // registered before the start (`engine`).
-        unsafe {
-            libc::atexit(at_exit);
         }
-        Some(engine)
     }
 
     fn skip(&self, reason: &str) {
@@ -927,28 +933,17 @@ impl Engine {
     /// Starts waiting for call `call_seq`'s one result; false when the set is full even after
     /// letting go of stale entries (the call is then not waited for at exit).
     fn track_outstanding(&self, call_seq: u64) -> bool {
-        let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if o.len() >= PENDING_CAP {
-            o.retain(|_, t| now.duration_since(*t) < OUTSTANDING_STALE);
-        }
-        if o.len() >= PENDING_CAP {
-            return false;
-        }
-        o.insert(call_seq, now);
-        true
+        self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).track(call_seq, Instant::now())
     }
 
     /// The result (or failure) of call `call_seq`'s check arrived.
     fn settled(&self, call_seq: u64) {
-        self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).remove(&call_seq);
+        self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).settle(call_seq);
     }
 
     /// Calls still waited for (not stale).
     fn outstanding_now(&self) -> usize {
-        let now = Instant::now();
-        let o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-        o.values().filter(|t| now.duration_since(**t) < OUTSTANDING_STALE).count()
+        self.outstanding.lock().unwrap_or_else(|e| e.into_inner()).live(Instant::now())
     }
 
     fn drain(&self) -> usize {
@@ -1230,5 +1225,95 @@ mod tests {
         assert_eq!(once.get_or_start(|| panic!("start failed")), Ok(None));
         assert_eq!(once.get_or_start(|| Some(3)), Ok(None));
         assert_eq!(once.get(), Some(&None));
+    }
+
+    /// Host time of the engine's whole part of one eager sketch check under `sample all` (the
+    /// sampling, the site, the bookkeeping of the call and the backend's part over a fake
+    /// runtime whose launches do nothing; the poller thread runs as in a process). A benchmark,
+    /// not a timed test: `cargo test --release -p quantshadow-runtime bench_engine_eager_sketch
+    /// -- --ignored --nocapture`. On the GPU the decode and the driver's launch come on top.
+    #[test]
+    #[ignore]
+    fn bench_engine_eager_sketch() {
+        use super::{config::Config, gpu, Engine};
+        use crate::device::fake::FakeRuntime;
+        use crate::device::GpuRuntime;
+        use crate::formats::Format;
+        use crate::intercept::{GemmArgs, InterceptedGemm, RealCall, Skip};
+        use crate::problem::{GemmBuffers, GemmProblem};
+        use std::cell::Cell;
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let settings = gpu::GpuSettings {
+            pool_bytes: 64 << 20,
+            ring_capacity: 4096,
+            sync_compile: true,
+            sketch_detach: super::config::SketchDetach::Graphs,
+            graph_select: false,
+            side_stream: true,
+            kernels: Default::default(),
+        };
+        let backend = gpu::GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let config = Config::from_lookup(|k| match k {
+            "QUANTSHADOW_MODE" => Some("sketch".into()),
+            "QUANTSHADOW_SAMPLE" => Some("all".into()),
+            _ => None,
+        });
+        let engine: &'static Engine =
+            Box::leak(Box::new(Engine::assemble(config, Some(Box::new(backend)), 1, 1)));
+        let (m, n, k) = (1024u64, 1024u64, 1024u64);
+        let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
+        struct Call(InterceptedGemm);
+        impl GemmArgs for Call {
+            const ENTRY: &'static str = "cublasGemmEx";
+            fn quick_key(&self) -> u64 {
+                0x5eed
+            }
+            fn decode(&self) -> Result<InterceptedGemm, Skip> {
+                Ok(self.0.clone())
+            }
+            fn stream(&self) -> Option<u64> {
+                Some(self.0.stream)
+            }
+        }
+        // Seven sites, as a Llama layer's projections: the same shape, distinct weights.
+        let calls: Vec<Call> = (0..7)
+            .map(|_| {
+                Call(InterceptedGemm {
+                    entry: "cublasGemmEx",
+                    problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
+                    buffers: GemmBuffers {
+                        a: alloc(m * k),
+                        b: alloc(k * n),
+                        d: alloc(m * n),
+                        ..Default::default()
+                    },
+                    stream: 7,
+                    pointer_arrays: None,
+                })
+            })
+            .collect();
+        let real = || 0;
+        let run = |c: &Call| {
+            let status = Cell::new(None);
+            assert_eq!(engine.gemm(c, &RealCall::for_test(&real, &status)), 0);
+        };
+        for c in &calls {
+            run(c); // set-up: projections, programs
+        }
+        rt.quiet.store(true, Ordering::Relaxed);
+        for _ in 0..5 {
+            let rounds = 20_000;
+            let t = std::time::Instant::now();
+            for _ in 0..rounds {
+                for c in &calls {
+                    run(c);
+                }
+            }
+            let per_call = t.elapsed().as_nanos() as f64 / (rounds * calls.len()) as f64;
+            println!("engine eager sketch: {per_call:.0} ns per checked call");
+        }
+        let skips = engine.skip_counts();
+        println!("skips: {skips:?}");
+        engine.stop.store(true, Ordering::Release);
     }
 }

@@ -112,7 +112,7 @@ pub struct RealCall<'a> {
     status: &'a Cell<Option<i32>>,
 }
 
-impl RealCall<'_> {
+impl<'a> RealCall<'a> {
     /// Runs the real function (once; later calls return the first status).
     pub fn call(&self) -> i32 {
         if let Some(s) = self.status.get() {
@@ -121,6 +121,12 @@ impl RealCall<'_> {
         let s = (self.call)();
         self.status.set(Some(s));
         s
+    }
+
+    /// A real call over `call` (tests and benches of the engine without an interposer).
+    #[cfg(test)]
+    pub(crate) fn for_test(call: &'a dyn Fn() -> i32, status: &'a Cell<Option<i32>>) -> RealCall<'a> {
+        RealCall { call, status }
     }
 
     /// Whether the real function has run.
