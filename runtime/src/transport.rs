@@ -488,9 +488,10 @@ impl Shared {
 ///   [`ClientStats::refused`], and the next attempt waits as after a failed connect.
 ///
 /// Backoff: every failed attempt (connect error or refused connection) waits the current
-/// delay (`backoff_initial` at first) and doubles it, up to `backoff_max`. An accepted
-/// connection resets it to `backoff_initial`; losing an accepted connection (a collector
-/// restart, or an idle client evicted by a full collector) retries at once.
+/// delay (`backoff_initial` at first) and doubles it, up to `backoff_max`. Losing an accepted
+/// connection that served for a second or more (a collector restart, or an idle client evicted
+/// by a full collector) resets it and retries at once; one lost sooner counts as a failed
+/// attempt, so a collector that reads the preamble and hangs up is not redialled in a loop.
 ///
 /// A write that fails: if none of its bytes reached the socket (the hang-up was seen before
 /// writing, or the first send failed), its records are kept and go first on the next accepted
@@ -797,6 +798,8 @@ const SEND_BATCH: usize = 512;
 const SOCKET_CHUNK: usize = 64 << 10;
 /// How long an idle sender sleeps before looking again without a wake-up.
 const IDLE_PARK: Duration = Duration::from_millis(100);
+/// An accepted connection lost before serving this long counts as a failed attempt (backoff).
+const STABLE_AFTER: Duration = Duration::from_secs(1);
 /// Write budget when abandoning (client dropped without `close`).
 const ABANDON_WRITE: Duration = Duration::from_millis(100);
 /// Socket send timeout: how often a blocked write looks at its deadline again.
@@ -826,6 +829,8 @@ struct Sender {
     /// The socket in `sink` is on trial: nothing but the preamble has been written to it.
     trial: Option<Trial>,
     ever_connected: bool,
+    /// When the connection in `sink` was accepted (None while on trial or without one).
+    accepted_at: Option<Instant>,
     backoff: Duration,
     next_attempt: Instant,
     /// Remembered so a persistent failure is logged once, not per attempt.
@@ -846,6 +851,7 @@ impl Sender {
             kept_bytes: 0,
             trial: None,
             ever_connected: false,
+            accepted_at: None,
             next_attempt: Instant::now(),
             last_error: None,
         }
@@ -1092,9 +1098,15 @@ impl Sender {
         }
     }
 
-    /// An accepted connection is gone. One that worked may come back at once (a collector
-    /// restart, or an eviction that made room for another client): no backoff.
+    /// An accepted connection is gone. One that served for [`STABLE_AFTER`] may come back at
+    /// once (a collector restart, or an eviction that made room for another client): no
+    /// backoff. One lost sooner counts as a failed attempt: a collector that reads the
+    /// preamble and then hangs up would otherwise be redialled in a tight loop.
     fn connection_lost(&mut self, msg: String) {
+        let served = self.accepted_at.take().is_some_and(|t| t.elapsed() >= STABLE_AFTER);
+        if !served {
+            return self.attempt_failed(msg);
+        }
         self.note_error(msg);
         self.sink = Sink::None;
         self.trial = None;
@@ -1268,7 +1280,9 @@ impl Sender {
             self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         self.ever_connected = true;
-        self.backoff = self.opts.backoff_initial;
+        // The backoff is reset when this connection is lost after serving a while (see
+        // `connection_lost`), not here: connections lost at once keep growing it.
+        self.accepted_at = Some(Instant::now());
         self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
         self.last_error = None;
         // Leaving spool mode: make the spooled records durable-ish now; the spool stays open
@@ -1289,6 +1303,7 @@ impl Sender {
     /// A connect error or a refused connection: closes it, waits the current delay before the
     /// next attempt and doubles it, and falls back to the spool.
     fn attempt_failed(&mut self, msg: String) {
+        self.accepted_at = None;
         self.note_error(msg);
         self.sink = Sink::None;
         self.trial = None;

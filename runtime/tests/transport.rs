@@ -777,7 +777,10 @@ fn a_full_collector_refusing_connections_grows_the_backoff_and_loses_nothing_wit
         ..session_options()
     };
     let client = Client::start(Address::Unix(path), opts);
-    drop(serve_until_idle(&listener, &client, &(0..5).map(rec).collect::<Vec<_>>()));
+    let served = serve_until_idle(&listener, &client, &(0..5).map(rec).collect::<Vec<_>>());
+    // A connection evicted after serving a second or more is dialled again at once.
+    thread::sleep(Duration::from_millis(1100));
+    drop(served);
 
     // Evicted, then refused a few times: accepted and closed without a byte read, as a full
     // collector does. Records keep coming meanwhile; the first of them find the hang-up and
@@ -922,4 +925,48 @@ fn a_client_closing_after_its_idle_connection_was_closed_delivers_everything_on_
         assert_eq!(server.join().unwrap(), want, "{queued} queued");
         assert_eq!((s.sent, s.dropped, s.reconnects), (queued as u64 + 2, 0, 1), "{queued} queued: {s:?}");
     }
+}
+
+#[test]
+fn a_collector_that_hangs_up_after_each_preamble_is_not_redialled_in_a_loop() {
+    // Each connection is accepted (its preamble read: the trial passes) and closed soon after,
+    // while the host keeps sending. A connection lost that soon counts as a failed attempt, so
+    // the backoff grows (20 ms, 40 ms, 80 ms, ...): a handful of connections in 700 ms, where
+    // redialling at once after each loss made one per write.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hangup.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let opts = ClientOptions {
+        backoff_initial: Duration::from_millis(20),
+        backoff_max: Duration::from_secs(2),
+        ..session_options()
+    };
+    let client = Client::start(Address::Unix(path), opts);
+    let mut connections = 0;
+    let mut next = 0;
+    let end = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < end {
+        client.send(rec(next));
+        next += 1;
+        match listener.accept() {
+            Ok((s, _)) => {
+                connections += 1;
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut r = FrameReader::new(s);
+                assert_eq!(read_frames(&mut r, 1), vec![b"session".to_vec()]);
+                // The client sees the preamble read (its trial passes) before the hang-up.
+                thread::sleep(Duration::from_millis(3));
+                drop(r);
+            }
+            Err(_) => thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    let st = client.stats();
+    assert!((2..=12).contains(&connections), "{connections} connections in 700 ms: {st:?}");
+    assert!(st.retry_delay >= Duration::from_millis(40), "the backoff grew: {st:?}");
+    let s = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_millis(200));
+    // The records and the closing one, each sent or counted as dropped.
+    assert_eq!(s.sent + s.dropped + s.queued, next as u64 + 1, "every record accounted for: {s:?}");
 }

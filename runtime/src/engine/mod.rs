@@ -49,6 +49,8 @@ pub struct Engine {
     /// dropped (full ring or queue, counted in the closing record's `dropped`).
     outstanding: Mutex<outstanding::Outstanding>,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The poller was started (checked calls skip the lock above once it is).
+    poller_started: AtomicBool,
     stop: AtomicBool,
     closed: AtomicBool,
     /// Diagnosis state per site (bounded by DIAGNOSED_SITES_CAP).
@@ -511,6 +513,7 @@ impl Engine {
             pending: Mutex::new(PendingCalls::default()),
             outstanding: Mutex::new(outstanding::Outstanding::new(PENDING_CAP, OUTSTANDING_STALE)),
             poller: Mutex::new(None),
+            poller_started: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             diagnoses: Mutex::new(HashMap::new()),
@@ -1020,7 +1023,7 @@ impl Engine {
     }
 
     fn ensure_poller(&'static self) {
-        if self.backend.is_none() {
+        if self.backend.is_none() || self.poller_started.load(Ordering::Acquire) {
             return;
         }
         let mut slot = self.poller.lock().unwrap_or_else(|e| e.into_inner());
@@ -1035,7 +1038,10 @@ impl Engine {
             }
         });
         match spawned {
-            Ok(h) => *slot = Some(h),
+            Ok(h) => {
+                *slot = Some(h);
+                self.poller_started.store(true, Ordering::Release);
+            }
             Err(e) => log::error(&format!("cannot start the poller thread: {e}")),
         }
     }
