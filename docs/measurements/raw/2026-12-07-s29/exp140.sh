@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 29, call 1 (.gpu/main: ffc3b4a = HEAD; .gpu/base: a695b87, before the event-record hooks).
+# Session 29, call 1 (.gpu/main: HEAD, see the log's md5; .gpu/base: a695b87, before the event-record hooks).
 # Part 1 is session 28's prepared exp139 unchanged: device reset skip reasons, lifetimes.cu,
 # weight_reload.py, capture_event_order.py (base may fail, main must pass), torch_ops.
 # Part 2: what one extra launch after each GEMM costs the host (launch_host_cost.cu, by
