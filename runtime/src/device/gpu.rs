@@ -16,7 +16,7 @@ use super::{
     DeviceError, DeviceInfo, DevicePtr, Event, Function, GpuRuntime, LaunchOrder, MappedHost, Stream,
 };
 use crate::formats::Format;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -315,7 +315,7 @@ pub struct GpuChecker {
     /// it reads slots, and every check's parameters need the descriptor.
     ring_desc: Mutex<abi::QsRingDesc>,
     /// The entries of each sketch program, resolved once (see [`SketchEntries`]).
-    sketch_entries: Mutex<HashMap<SketchProgramKey, SketchEntries>>,
+    sketch_entries: Mutex<FxHashMap<SketchProgramKey, SketchEntries>>,
     /// Buffers that work already queued may still write after the set-up that made them failed
     /// (see [`HeldBuffers`]).
     held: Mutex<HeldBuffers>,
@@ -668,7 +668,7 @@ impl GpuChecker {
             early_launches: AtomicU64::new(0),
             ring_desc: Mutex::new(ring.desc()),
             ring: Mutex::new(ring),
-            sketch_entries: Mutex::new(HashMap::new()),
+            sketch_entries: Mutex::new(FxHashMap::default()),
             held: Mutex::default(),
         };
         checker.apply(choices);

@@ -31,6 +31,7 @@ use crate::intercept::Skip;
 use crate::problem::GemmBuffers;
 use crate::record::{flags, CheckMode};
 use crate::sketch::{self, RowSample};
+use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -159,7 +160,7 @@ struct SiteGpu {
     /// the site's streams: a graph captured on its own stream must find the scratch set up by
     /// eager warm-up calls on another one. Two streams running the same site at the same moment
     /// would share it (not seen in PyTorch or vLLM, where one layer's calls are stream-ordered).
-    sketch_rows: HashMap<u64, SketchRowState>,
+    sketch_rows: FxHashMap<u64, SketchRowState>,
     /// Per-site row epoch (device u64) of captured checks (each replay draws the next rows),
     /// and of rows/full checks: advanced by the last kernel of each check.
     epoch: DeviceBuffer,
@@ -169,11 +170,11 @@ struct SiteGpu {
     eager_epoch: u64,
     /// Rows/full: reference rows (f32) and compare scratch per (rows, logits), shared by
     /// streams like the sketch scratch.
-    rows_state: HashMap<(u64, bool), RowsState>,
+    rows_state: FxHashMap<(u64, bool), RowsState>,
     /// Copies of C taken before calls that accumulate into it in place, per size.
-    c_copies: HashMap<usize, DeviceBuffer>,
+    c_copies: FxHashMap<usize, DeviceBuffer>,
     /// Detached sketch checks per sampled-row count (None: such calls cannot be detached).
-    detached: HashMap<u64, Option<DetachedState>>,
+    detached: FxHashMap<u64, Option<DetachedState>>,
     /// (call_seq, copy) of the last C copy `before_call` took: a diagnosis of that same call
     /// reads C from it (the call overwrote C in place).
     c_saved: Option<(u64, u64)>,
@@ -681,13 +682,13 @@ pub struct GpuBackend {
     name: &'static str,
     runtime: Arc<dyn GpuRuntime>,
     checker: Arc<GpuChecker>,
-    sites: Mutex<HashMap<u64, SiteGpu>>,
+    sites: Mutex<FxHashMap<u64, SiteGpu>>,
     /// site_id -> ordinal, for tagging results.
-    ordinals: Mutex<HashMap<u64, u32>>,
+    ordinals: Mutex<FxHashMap<u64, u32>>,
     /// site_id -> what sketch results said of B changing under its projection (the poller
     /// notes it, the next call of the site re-projects; from WEIGHT_CHANGES_FOR_ROWS distinct
     /// changes on, rows mode).
-    weight_changes: Mutex<HashMap<u64, WeightChanges>>,
+    weight_changes: Mutex<FxHashMap<u64, WeightChanges>>,
     compiler: Compiler,
     sync_compile: bool,
     /// Low-priority stream for rows/full references outside graph captures.
@@ -707,7 +708,7 @@ pub struct GpuBackend {
     /// stream, `qs_sketch_fin` reads it on the side stream).
     split_buffers: Mutex<EagerSnapshots>,
     /// Scratch of eager detached checks per shape, shared by its sites.
-    eager_scratch: Mutex<HashMap<ShapeKey, Arc<SketchScratch>>>,
+    eager_scratch: Mutex<FxHashMap<ShapeKey, Arc<SketchScratch>>>,
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
     /// lock).
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
@@ -796,9 +797,9 @@ impl GpuBackend {
             name,
             runtime,
             checker,
-            sites: Mutex::new(HashMap::new()),
-            ordinals: Mutex::new(HashMap::new()),
-            weight_changes: Mutex::new(HashMap::new()),
+            sites: Mutex::new(FxHashMap::default()),
+            ordinals: Mutex::new(FxHashMap::default()),
+            weight_changes: Mutex::new(FxHashMap::default()),
             compiler: Compiler { requests: Mutex::new(tx), pending: Mutex::new(HashSet::new()), ready },
             sync_compile: s.sync_compile,
             side_stream,
@@ -892,7 +893,7 @@ impl GpuBackend {
     /// The site's device state, created on its first non-capturing call.
     fn site_state<'a>(
         &self,
-        sites: &'a mut HashMap<u64, SiteGpu>,
+        sites: &'a mut FxHashMap<u64, SiteGpu>,
         req: &CheckRequest,
         capturing: bool,
     ) -> Result<&'a mut SiteGpu, Skip> {
@@ -925,12 +926,12 @@ impl GpuBackend {
                 SiteGpu {
                     weight_ptr: req.call.buffers.b,
                     weight: None,
-                    sketch_rows: HashMap::new(),
+                    sketch_rows: FxHashMap::default(),
                     epoch,
                     eager_epoch: 0,
-                    rows_state: HashMap::new(),
-                    detached: HashMap::new(),
-                    c_copies: HashMap::new(),
+                    rows_state: FxHashMap::default(),
+                    detached: FxHashMap::default(),
+                    c_copies: FxHashMap::default(),
                     c_saved: None,
                     weight_streams: Some(Vec::new()),
                 },
@@ -1218,7 +1219,7 @@ impl GpuBackend {
         g: &QsGemmDesc,
         sample: &RowSample,
         weight: &SketchWeight,
-        detached: &mut HashMap<u64, Option<DetachedState>>,
+        detached: &mut FxHashMap<u64, Option<DetachedState>>,
         stream: Stream,
         capturing: bool,
     ) -> Detach {
@@ -2751,7 +2752,7 @@ mod tests {
         };
         let thresholds = crate::thresholds::Thresholds::default();
         let req = CheckRequest { site_ordinal: 60, ..CheckRequest::sketch_for_test(&call, &thresholds) };
-        let mut sites = HashMap::new();
+        let mut sites = FxHashMap::default();
         let skip = backend.site_state(&mut sites, &req, true).err().expect("a capture cannot set a site up");
         assert_eq!(skip.0, CAPTURE_NEW_SITE);
         assert!(sites.is_empty(), "nothing half set up is kept");

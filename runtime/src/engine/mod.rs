@@ -25,6 +25,7 @@ use crate::record::{
 use crate::transport::{Client, ClientOptions};
 use backend::{Backend, CheckRequest, Diagnose, InjectRequest, Polled, SketchSettings};
 use config::{Config, DeviceChoice, DiagnoseMode, Mode};
+use rustc_hash::FxHashMap;
 use sites::{Sampler, Sites};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -128,7 +129,7 @@ struct CallMeta {
 
 #[derive(Default)]
 struct PendingCalls {
-    map: HashMap<u64, CallMeta>,
+    map: FxHashMap<u64, CallMeta>,
     order: VecDeque<u64>,
 }
 

@@ -3,12 +3,13 @@
 //! where letting go of stale entries once scanned the whole set at every call (35 us a call
 //! at 8192 entries, `bench_engine_eager_sketch`).
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 pub(super) struct Outstanding {
     /// call_seq -> when its check was enqueued.
-    since: HashMap<u64, Instant>,
+    since: FxHashMap<u64, Instant>,
     /// (call_seq, when) in the order tracked; entries already settled are dropped lazily.
     order: VecDeque<(u64, Instant)>,
     cap: usize,
@@ -17,7 +18,7 @@ pub(super) struct Outstanding {
 
 impl Outstanding {
     pub(super) fn new(cap: usize, stale: Duration) -> Outstanding {
-        Outstanding { since: HashMap::new(), order: VecDeque::new(), cap, stale }
+        Outstanding { since: FxHashMap::default(), order: VecDeque::new(), cap, stale }
     }
 
     /// Starts waiting for `call_seq`; false when `cap` calls younger than `stale` are still

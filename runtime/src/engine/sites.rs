@@ -8,6 +8,7 @@
 use super::config::Sampling;
 use crate::intercept::InterceptedGemm;
 use crate::rng::mix64;
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -87,17 +88,17 @@ struct SiteState {
 
 /// The sites of this process.
 pub struct Sites {
-    map: Mutex<HashMap<u64, SiteState>>,
+    map: Mutex<FxHashMap<u64, SiteState>>,
     /// Per shape (the identity without the weight pointer): the weight pointers seen, to spot
     /// shapes whose "weight" is a fresh temporary at every call.
-    shapes: Mutex<HashMap<u64, ShapeState>>,
+    shapes: Mutex<FxHashMap<u64, ShapeState>>,
     names: HashMap<u64, String>,
 }
 
 #[derive(Default)]
 struct ShapeState {
     /// Calls per distinct weight pointer (the first TRANSIENT_AFTER + 1 pointers only).
-    pointers: HashMap<u64, u32>,
+    pointers: FxHashMap<u64, u32>,
     /// Every pointer so far was seen once: the operand is not a weight, and the shape is one site.
     transient: bool,
 }
@@ -126,7 +127,7 @@ impl Sites {
                 }
             },
         };
-        Sites { map: Mutex::new(HashMap::new()), shapes: Mutex::new(HashMap::new()), names }
+        Sites { map: Mutex::new(FxHashMap::default()), shapes: Mutex::new(FxHashMap::default()), names }
     }
 
     /// Identity of a decoded call without its weight pointer: entry, N, K, formats, scales.
