@@ -1606,3 +1606,47 @@ fn rocblas_strided_batched_in_place() {
     assert_eq!(g.problem.epilogue.activation, Activation::None);
     assert!(g.problem.epilogue.bias.is_none());
 }
+
+/// `cublasSetWorkspace_v2`'s workspace is what the handle's later GEMMs may write besides D
+/// (their scratch); a new one replaces it, a null one forgets it, and the registry is bounded.
+#[test]
+fn a_workspace_set_on_a_handle_is_its_gemms_scratch() {
+    use quantshadow_runtime::intercept::common::WORKSPACES_MAX;
+    use quantshadow_runtime::intercept::cublas::CUBLAS_HANDLE;
+    let gemm = |handle: usize| hook::cublasGemmEx::Args {
+        handle: mptr(handle as u64),
+        trans_a: 1,
+        trans_b: 0,
+        m: 4,
+        n: 4,
+        k: 4,
+        alpha: std::ptr::null(),
+        a: ptr(0x1000),
+        a_type: 14,
+        lda: 4,
+        b: ptr(0x2000),
+        b_type: 14,
+        ldb: 4,
+        beta: std::ptr::null(),
+        c: mptr(0x3000),
+        c_type: 14,
+        ldc: 4,
+        compute: 68,
+        algo: -1,
+    };
+    let (h1, h2) = (0x5157_0001usize, 0x5157_0002usize);
+    assert_eq!(gemm(h1).scratch(), None);
+    CUBLAS_HANDLE.set_workspace(mptr(h1 as u64), mptr(0x7000_0000), 4 << 20);
+    assert_eq!(gemm(h1).scratch(), Some((0x7000_0000, 0x7000_0000 + (4 << 20))));
+    assert_eq!(gemm(h2).scratch(), None, "another handle's calls have none");
+    CUBLAS_HANDLE.set_workspace(mptr(h1 as u64), mptr(0x9000_0000), 1024);
+    assert_eq!(gemm(h1).scratch(), Some((0x9000_0000, 0x9000_0400)), "the newest workspace");
+    CUBLAS_HANDLE.set_workspace(mptr(h1 as u64), std::ptr::null_mut(), 0);
+    assert_eq!(gemm(h1).scratch(), None, "back to the library's own (unknown)");
+    // Bounded: the oldest handle is forgotten first.
+    for i in 0..=WORKSPACES_MAX as u64 {
+        CUBLAS_HANDLE.set_workspace(mptr(0x6000_0000 + i), mptr(0x1_0000_0000 + (i << 20)), 4096);
+    }
+    assert_eq!(gemm(0x6000_0000).scratch(), None);
+    assert_eq!(gemm(0x6000_0001).scratch(), Some((0x1_0010_0000, 0x1_0010_1000)));
+}

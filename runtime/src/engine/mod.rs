@@ -121,7 +121,7 @@ struct CallMeta {
     /// A fault was planted into this call (`QUANTSHADOW_INJECT`).
     injected: bool,
     /// The kernel that served the call, when the interposer knows it.
-    kernel: Option<String>,
+    kernel: Option<std::sync::Arc<str>>,
     /// An eager call: its one result (or failure) takes the entry, which keeps the map small
     /// and its lines warm (a captured call's entry serves every replay).
     once: bool,
@@ -327,9 +327,9 @@ pub fn on_gemm<A: GemmArgs>(args: &A, real: &RealCall) -> i32 {
 }
 
 /// Runs the real function; a BLAS call's kernel is learnt from the launches it makes.
-fn call_watching_launches<A: GemmArgs>(args: &A, real: &RealCall) -> (i32, Option<String>) {
+fn call_watching_launches<A: GemmArgs>(args: &A, real: &RealCall) -> (i32, Option<std::sync::Arc<str>>) {
     if let Some(kernel) = args.kernel() {
-        return (real.call(), Some(kernel));
+        return (real.call(), Some(kernel.into()));
     }
     let watch = crate::intercept::LaunchWatch::arm();
     let status = real.call();
@@ -597,7 +597,7 @@ impl Engine {
             _ => {
                 let (status, kernel) = call_watching_launches(args, real);
                 if status == 0 && checking {
-                    self.send_observation(&call, &site, call_seq, kernel);
+                    self.send_observation(&call, &site, call_seq, kernel.map(|k| k.to_string()));
                 }
                 return status;
             }
@@ -857,7 +857,7 @@ impl Engine {
         call: &InterceptedGemm,
         site_name: Option<String>,
         injected: bool,
-        kernel: Option<String>,
+        kernel: Option<std::sync::Arc<str>>,
         once: bool,
     ) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -1023,7 +1023,7 @@ impl Engine {
                         site_name,
                         call_seq: o.call_seq,
                         entry_point: entry.to_string(),
-                        backend: kernel,
+                        backend: kernel.map(|k| k.to_string()),
                         problem,
                         mode: o.mode,
                         metrics: Some(o.metrics),

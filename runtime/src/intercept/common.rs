@@ -221,7 +221,14 @@ pub struct VendorHandle {
     stream: RealSlot,
     pointer_mode: RealSlot,
     math_mode: Option<RealSlot>,
+    /// Workspaces given to handles (`cublasSetWorkspace_v2` and kin), as (handle, [start,
+    /// end)); the newest last, at most [`WORKSPACES_MAX`].
+    workspaces: std::sync::Mutex<Vec<(usize, u64, u64)>>,
 }
+
+/// Handles whose workspace is remembered; the oldest is forgotten beyond (its calls then say
+/// no workspace: a pending snapshot copy may run beside them, as before the hook).
+pub const WORKSPACES_MAX: usize = 256;
 
 impl VendorHandle {
     pub const fn new(
@@ -238,7 +245,29 @@ impl VendorHandle {
                 Some(name) => Some(RealSlot::new(name)),
                 None => None,
             },
+            workspaces: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// The host gave `handle` a workspace of `bytes` at `ptr` (null or empty: the library's
+    /// own again, which the shim does not know).
+    pub fn set_workspace(&self, handle: *mut c_void, ptr: *mut c_void, bytes: usize) {
+        let mut w = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        w.retain(|(h, _, _)| *h != handle as usize);
+        if ptr.is_null() || bytes == 0 {
+            return;
+        }
+        if w.len() >= WORKSPACES_MAX {
+            w.remove(0);
+        }
+        let start = ptr as u64;
+        w.push((handle as usize, start, start.saturating_add(bytes as u64)));
+    }
+
+    /// The workspace the host gave `handle`, as [start, end), if known.
+    pub fn workspace(&self, handle: *mut c_void) -> Option<(u64, u64)> {
+        let w = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        w.iter().rev().find(|(h, _, _)| *h == handle as usize).map(|&(_, s, e)| (s, e))
     }
 
     fn failed(&self, getter: &RealSlot) -> Skip {
@@ -543,6 +572,9 @@ macro_rules! classic_entry {
             }
             fn stream(&self) -> Option<u64> {
                 super::common::HandleQueries::stream(&$real, self.raw().handle).ok()
+            }
+            fn scratch(&self) -> Option<(u64, u64)> {
+                $real.workspace(self.raw().handle)
             }
         }
     };

@@ -23,6 +23,8 @@ macro_rules! for_each_hook {
                 d: *mut c_void, d_desc: *mut c_void, algo: *const c_void, workspace: *mut c_void,
                 workspace_bytes: usize, stream: *mut c_void);
             // ---- NVIDIA cuBLAS --------------------------------------------------------------
+            cublasSetWorkspace_v2: cublas::set_workspace, missing = 1, (handle: *mut c_void,
+                workspace: *mut c_void, bytes: usize);
             cublasGemmEx: cublas::gemm_ex, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
                 m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
                 b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *mut c_void, c_type: i32,
@@ -88,6 +90,8 @@ macro_rules! for_each_hook {
                 compute: i32, scale_type: i32);
             hipblasLtMatmulDescDestroy: hipblaslt::desc_destroy, missing = 1, (desc: *mut c_void);
             // ---- AMD hipBLAS (the _v2 symbols take hipDataType / hipblasComputeType_t) ---------
+            hipblasSetWorkspace: hipblas::set_workspace, missing = 1, (handle: *mut c_void,
+                workspace: *mut c_void, bytes: usize);
             hipblasGemmEx: hipblas::gemm_ex, missing = 1, (handle: *mut c_void, trans_a: i32, trans_b: i32,
                 m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
                 b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *mut c_void, c_type: i32,
@@ -107,6 +111,8 @@ macro_rules! for_each_hook {
                 beta: *const c_void, c: *mut c_void, c_type: i32, ldc: i32, stride_c: i64, batch: i32,
                 compute: i32, algo: i32);
             // ---- AMD rocBLAS (separate C and D) ---------------------------------------------
+            rocblas_set_workspace: rocblas::set_workspace, missing = 6, (handle: *mut c_void,
+                workspace: *mut c_void, bytes: usize);
             rocblas_gemm_ex: rocblas::gemm_ex, missing = 6, (handle: *mut c_void, trans_a: i32, trans_b: i32,
                 m: i32, n: i32, k: i32, alpha: *const c_void, a: *const c_void, a_type: i32, lda: i32,
                 b: *const c_void, b_type: i32, ldb: i32, beta: *const c_void, c: *const c_void, c_type: i32,

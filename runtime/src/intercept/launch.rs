@@ -24,7 +24,7 @@ use crate::engine::log;
 use crate::specs::{KernelListing, KernelStat, LaunchArgs, LaunchView, SpecError, SpecId, SpecSet};
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 // =============================================================================================
 // ABI
@@ -529,6 +529,9 @@ pub fn forget_kernel_handles() {
     if let Some(names) = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
         names.clear();
     }
+    if let Some(joined) = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        joined.clear();
+    }
 }
 
 /// Specs disabled after a mismatch, and how many (a change tells a kernel to look again).
@@ -853,9 +856,34 @@ type ServedNames = std::collections::HashMap<(u8, usize), Option<String>>;
 static SERVED_NAMES: Mutex<Option<ServedNames>> = Mutex::new(None);
 const SERVED_NAMES_CAP: usize = 4096;
 
+/// What [`served_by`] answered per list of launches seen (bounded): a call's answer is one
+/// lookup and a shared string, not a join of copied names.
+type ServedKey = (u8, [(u8, usize); super::WATCHED_LAUNCHES]);
+static SERVED_BY: Mutex<Option<rustc_hash::FxHashMap<ServedKey, Option<Arc<str>>>>> = Mutex::new(None);
+
 /// The kernels a watched BLAS call launched ([`super::LaunchWatch::seen`]), named: "k1" or
-/// "k1 + k2"; None when it launched none that could be named. Names are cached per handle.
-pub fn served_by(seen: &[(u8, usize)]) -> Option<String> {
+/// "k1 + k2"; None when it launched none that could be named. Cached per list of launches.
+pub fn served_by(seen: &[(u8, usize)]) -> Option<Arc<str>> {
+    let mut key: ServedKey = (0, [(0, 0); super::WATCHED_LAUNCHES]);
+    for (slot, launch) in key.1.iter_mut().zip(seen) {
+        *slot = *launch;
+        key.0 += 1;
+    }
+    if let Some(hit) = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key))
+    {
+        return hit.clone();
+    }
+    let joined: Option<Arc<str>> = served_by_uncached(seen).map(Arc::from);
+    let mut cache = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner());
+    let map = cache.get_or_insert_with(Default::default);
+    if map.len() < SERVED_NAMES_CAP {
+        map.insert(key, joined.clone());
+    }
+    joined
+}
+
+/// [`served_by`] without its cache: names cached per handle, joined.
+fn served_by_uncached(seen: &[(u8, usize)]) -> Option<String> {
     let api_of = |code: u8| {
         [Api::CuDriver, Api::CudaRuntime, Api::HipModule, Api::HipRuntime]
             .into_iter()
