@@ -117,7 +117,7 @@ struct Stats {
 struct CallMeta {
     entry: &'static str,
     problem: ProblemSummary,
-    site_name: Option<String>,
+    site_name: Option<std::sync::Arc<str>>,
     /// A fault was planted into this call (`QUANTSHADOW_INJECT`).
     injected: bool,
     /// The kernel that served the call, when the interposer knows it.
@@ -589,7 +589,7 @@ impl Engine {
         let mut site = self.sites.site_of(&call);
         if site.name.is_none() {
             // A launched kernel's sites are named after the kernel unless the names map knows better.
-            site.name = args.label().map(str::to_string);
+            site.name = args.label().map(std::sync::Arc::from);
         }
         let call_seq = self.call_seq.fetch_add(1, Ordering::Relaxed);
         let mode = match self.config.mode {
@@ -855,7 +855,7 @@ impl Engine {
         &self,
         call_seq: u64,
         call: &InterceptedGemm,
-        site_name: Option<String>,
+        site_name: Option<std::sync::Arc<str>>,
         injected: bool,
         kernel: Option<std::sync::Arc<str>>,
         once: bool,
@@ -922,7 +922,7 @@ impl Engine {
             session_id: self.session_id,
             site_id: site.id,
             site_ordinal: site.ordinal,
-            site_name: site.name.clone(),
+            site_name: site.name.as_deref().map(str::to_string),
             call_seq,
             entry_point: call.entry.to_string(),
             backend: kernel,
@@ -1020,7 +1020,7 @@ impl Engine {
                         session_id: self.session_id,
                         site_id: o.site_id,
                         site_ordinal: o.site_ordinal,
-                        site_name,
+                        site_name: site_name.as_deref().map(str::to_string),
                         call_seq: o.call_seq,
                         entry_point: entry.to_string(),
                         backend: kernel.map(|k| k.to_string()),

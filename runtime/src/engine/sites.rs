@@ -78,7 +78,8 @@ pub struct SiteRef {
     pub ordinal: u32,
     /// Checked calls of this site before this one.
     pub epoch: u64,
-    pub name: Option<String>,
+    /// Shared with the names map: a call copies no string.
+    pub name: Option<std::sync::Arc<str>>,
 }
 
 struct SiteState {
@@ -92,7 +93,7 @@ pub struct Sites {
     /// Per shape (the identity without the weight pointer): the weight pointers seen, to spot
     /// shapes whose "weight" is a fresh temporary at every call.
     shapes: Mutex<FxHashMap<u64, ShapeState>>,
-    names: HashMap<u64, String>,
+    names: FxHashMap<u64, std::sync::Arc<str>>,
 }
 
 #[derive(Default)]
@@ -118,12 +119,12 @@ const MAX_SITES: usize = 1 << 16;
 impl Sites {
     pub fn new(names_file: Option<&std::path::Path>) -> Sites {
         let names = match names_file {
-            None => HashMap::new(),
+            None => FxHashMap::default(),
             Some(p) => match load_names(p) {
-                Ok(n) => n,
+                Ok(n) => n.into_iter().map(|(ptr, name)| (ptr, std::sync::Arc::from(name))).collect(),
                 Err(e) => {
                     super::log::warn(&format!("QUANTSHADOW_NAMES: {e}; sites stay unnamed"));
-                    HashMap::new()
+                    FxHashMap::default()
                 }
             },
         };
