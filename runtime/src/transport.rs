@@ -488,10 +488,12 @@ impl Shared {
 ///   [`ClientStats::refused`], and the next attempt waits as after a failed connect.
 ///
 /// Backoff: every failed attempt (connect error or refused connection) waits the current
-/// delay (`backoff_initial` at first) and doubles it, up to `backoff_max`. Losing an accepted
-/// connection that served for a second or more (a collector restart, or an idle client evicted
-/// by a full collector) resets it and retries at once; one lost sooner counts as a failed
-/// attempt, so a collector that reads the preamble and hangs up is not redialled in a loop.
+/// delay (`backoff_initial` at first) and doubles it, up to `backoff_max`; an accepted
+/// connection resets it. Losing an accepted connection that served for a second or more (a
+/// collector restart, or an idle client evicted by a full collector) retries at once. Accepted
+/// connections lost sooner, one after another, wait `backoff_initial` doubled per such loss in
+/// a row (up to `backoff_max`), so a collector that reads the preamble and hangs up is not
+/// redialled at every write; their kept records wait for the next connection.
 ///
 /// A write that fails: if none of its bytes reached the socket (the hang-up was seen before
 /// writing, or the first send failed), its records are kept and go first on the next accepted
@@ -798,7 +800,7 @@ const SEND_BATCH: usize = 512;
 const SOCKET_CHUNK: usize = 64 << 10;
 /// How long an idle sender sleeps before looking again without a wake-up.
 const IDLE_PARK: Duration = Duration::from_millis(100);
-/// An accepted connection lost before serving this long counts as a failed attempt (backoff).
+/// An accepted connection lost before serving this long makes the next attempt wait (backoff).
 const STABLE_AFTER: Duration = Duration::from_secs(1);
 /// Write budget when abandoning (client dropped without `close`).
 const ABANDON_WRITE: Duration = Duration::from_millis(100);
@@ -831,6 +833,8 @@ struct Sender {
     ever_connected: bool,
     /// When the connection in `sink` was accepted (None while on trial or without one).
     accepted_at: Option<Instant>,
+    /// Accepted connections lost in a row within [`STABLE_AFTER`] (see `connection_lost`).
+    quick_losses: u32,
     backoff: Duration,
     next_attempt: Instant,
     /// Remembered so a persistent failure is logged once, not per attempt.
@@ -852,6 +856,7 @@ impl Sender {
             trial: None,
             ever_connected: false,
             accepted_at: None,
+            quick_losses: 0,
             next_attempt: Instant::now(),
             last_error: None,
         }
@@ -1100,19 +1105,32 @@ impl Sender {
 
     /// An accepted connection is gone. One that served for [`STABLE_AFTER`] may come back at
     /// once (a collector restart, or an eviction that made room for another client): no
-    /// backoff. One lost sooner counts as a failed attempt: a collector that reads the
+    /// backoff. Ones lost sooner wait, longer for each in a row: a collector that reads the
     /// preamble and then hangs up would otherwise be redialled in a tight loop.
     fn connection_lost(&mut self, msg: String) {
-        let served = self.accepted_at.take().is_some_and(|t| t.elapsed() >= STABLE_AFTER);
-        if !served {
-            return self.attempt_failed(msg);
-        }
+        let quick = self.accepted_at.take().is_some_and(|t| t.elapsed() < STABLE_AFTER);
         self.note_error(msg);
         self.sink = Sink::None;
         self.trial = None;
         self.backoff = self.opts.backoff_initial;
-        self.next_attempt = Instant::now();
-        self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
+        let now = Instant::now();
+        if !quick {
+            self.quick_losses = 0;
+            self.next_attempt = now;
+            self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
+            return;
+        }
+        // Its own doubling from `backoff_initial` (not the refusals' delay, which the accept
+        // reset); kept records stay kept for the next connection, not spooled.
+        let delay = self
+            .opts
+            .backoff_initial
+            .saturating_mul(1u32 << self.quick_losses.min(16))
+            .min(self.opts.backoff_max)
+            .max(Duration::from_millis(1));
+        self.quick_losses += 1;
+        self.next_attempt = now.checked_add(delay).unwrap_or(now);
+        self.shared.retry_delay_ns.store(delay.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 
     /// Turns the records of `out` from in flight into kept; returns how many.
@@ -1280,8 +1298,7 @@ impl Sender {
             self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         self.ever_connected = true;
-        // The backoff is reset when this connection is lost after serving a while (see
-        // `connection_lost`), not here: connections lost at once keep growing it.
+        self.backoff = self.opts.backoff_initial;
         self.accepted_at = Some(Instant::now());
         self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
         self.last_error = None;
@@ -1303,7 +1320,6 @@ impl Sender {
     /// A connect error or a refused connection: closes it, waits the current delay before the
     /// next attempt and doubles it, and falls back to the spool.
     fn attempt_failed(&mut self, msg: String) {
-        self.accepted_at = None;
         self.note_error(msg);
         self.sink = Sink::None;
         self.trial = None;

@@ -1611,7 +1611,7 @@ fn rocblas_strided_batched_in_place() {
 /// (their scratch); a new one replaces it, a null one forgets it, and the registry is bounded.
 #[test]
 fn a_workspace_set_on_a_handle_is_its_gemms_scratch() {
-    use quantshadow_runtime::intercept::common::WORKSPACES_MAX;
+    use quantshadow_runtime::intercept::common::WORKSPACES_PER_THREAD;
     use quantshadow_runtime::intercept::cublas::CUBLAS_HANDLE;
     let gemm = |handle: usize| hook::cublasGemmEx::Args {
         handle: mptr(handle as u64),
@@ -1644,9 +1644,24 @@ fn a_workspace_set_on_a_handle_is_its_gemms_scratch() {
     CUBLAS_HANDLE.set_workspace(mptr(h1 as u64), std::ptr::null_mut(), 0);
     assert_eq!(gemm(h1).scratch(), None, "back to the library's own (unknown)");
     // Bounded: the oldest handle is forgotten first.
-    for i in 0..=WORKSPACES_MAX as u64 {
+    for i in 0..=WORKSPACES_PER_THREAD as u64 {
         CUBLAS_HANDLE.set_workspace(mptr(0x6000_0000 + i), mptr(0x1_0000_0000 + (i << 20)), 4096);
     }
     assert_eq!(gemm(0x6000_0000).scratch(), None);
     assert_eq!(gemm(0x6000_0001).scratch(), Some((0x1_0010_0000, 0x1_0010_1000)));
+    // Another vendor's handle at the same address is another handle.
+    let newest = 0x6000_0000 + WORKSPACES_PER_THREAD;
+    let its = Some((
+        0x1_0000_0000 + ((WORKSPACES_PER_THREAD as u64) << 20),
+        0x1_0000_1000 + ((WORKSPACES_PER_THREAD as u64) << 20),
+    ));
+    quantshadow_runtime::intercept::hipblas::HIPBLAS_HANDLE.set_workspace(
+        mptr(newest as u64),
+        mptr(0x42_0000),
+        64,
+    );
+    assert_eq!(gemm(newest).scratch(), its);
+    // Per thread: a call on another thread knows none.
+    let other = std::thread::spawn(move || gemm(newest).scratch()).join().unwrap();
+    assert_eq!(other, None);
 }

@@ -221,14 +221,28 @@ pub struct VendorHandle {
     stream: RealSlot,
     pointer_mode: RealSlot,
     math_mode: Option<RealSlot>,
-    /// Workspaces given to handles (`cublasSetWorkspace_v2` and kin), as (handle, [start,
-    /// end)); the newest last, at most [`WORKSPACES_MAX`].
-    workspaces: std::sync::Mutex<Vec<(usize, u64, u64)>>,
 }
 
-/// Handles whose workspace is remembered; the oldest is forgotten beyond (its calls then say
-/// no workspace: a pending snapshot copy may run beside them, as before the hook).
-pub const WORKSPACES_MAX: usize = 256;
+/// Handles whose workspace each thread remembers; the oldest is forgotten beyond (its calls
+/// then say no workspace: a pending snapshot copy may run beside them, as without the hook).
+pub const WORKSPACES_PER_THREAD: usize = 16;
+
+/// (vendor, handle, start, end) of the workspaces given on this thread; vendor 0: free slot.
+struct WorkspaceTable {
+    slots: [(usize, usize, u64, u64); WORKSPACES_PER_THREAD],
+    next: usize,
+}
+
+thread_local! {
+    // Per thread, without a lock: PyTorch gives a handle its workspace on the calling thread
+    // right before each BLAS call (`cublasSetStream_v2`, then `cublasSetWorkspace_v2`), so
+    // this runs once per GEMM, sampled or not. A call made on another thread than the one that
+    // set the workspace says none. `cublasSetStream_v2` also resets the workspace to the
+    // library's own; a range remembered past that only keeps a copy from running beside.
+    static WORKSPACES: std::cell::RefCell<WorkspaceTable> = const {
+        std::cell::RefCell::new(WorkspaceTable { slots: [(0, 0, 0, 0); WORKSPACES_PER_THREAD], next: 0 })
+    };
+}
 
 impl VendorHandle {
     pub const fn new(
@@ -245,29 +259,49 @@ impl VendorHandle {
                 Some(name) => Some(RealSlot::new(name)),
                 None => None,
             },
-            workspaces: std::sync::Mutex::new(Vec::new()),
         }
     }
 
-    /// The host gave `handle` a workspace of `bytes` at `ptr` (null or empty: the library's
-    /// own again, which the shim does not know).
+    /// This vendor's key in the per-thread workspace table.
+    fn tag(&self) -> usize {
+        self as *const VendorHandle as usize
+    }
+
+    /// The host gave `handle` a workspace of `bytes` at `ptr` on this thread (null or empty:
+    /// the library's own again, which the shim does not know).
     pub fn set_workspace(&self, handle: *mut c_void, ptr: *mut c_void, bytes: usize) {
-        let mut w = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
-        w.retain(|(h, _, _)| *h != handle as usize);
-        if ptr.is_null() || bytes == 0 {
-            return;
-        }
-        if w.len() >= WORKSPACES_MAX {
-            w.remove(0);
-        }
-        let start = ptr as u64;
-        w.push((handle as usize, start, start.saturating_add(bytes as u64)));
+        let (tag, h) = (self.tag(), handle as usize);
+        let _ = WORKSPACES.try_with(|t| {
+            let Ok(mut t) = t.try_borrow_mut() else { return };
+            let known = t.slots.iter().position(|&(v, k, _, _)| v == tag && k == h);
+            let start = ptr as u64;
+            let entry = if ptr.is_null() || bytes == 0 {
+                (0, 0, 0, 0)
+            } else {
+                (tag, h, start, start.saturating_add(bytes as u64))
+            };
+            match known {
+                Some(i) => t.slots[i] = entry,
+                None if entry.0 != 0 => {
+                    let i = t.next;
+                    t.slots[i] = entry;
+                    t.next = (i + 1) % WORKSPACES_PER_THREAD;
+                }
+                None => {}
+            }
+        });
     }
 
-    /// The workspace the host gave `handle`, as [start, end), if known.
+    /// The workspace given to `handle` on this thread, as [start, end), if known.
     pub fn workspace(&self, handle: *mut c_void) -> Option<(u64, u64)> {
-        let w = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
-        w.iter().rev().find(|(h, _, _)| *h == handle as usize).map(|&(_, s, e)| (s, e))
+        let (tag, h) = (self.tag(), handle as usize);
+        WORKSPACES
+            .try_with(|t| {
+                let t = t.try_borrow().ok()?;
+                t.slots.iter().find(|&&(v, k, _, _)| v == tag && k == h).map(|&(_, _, s, e)| (s, e))
+            })
+            .ok()
+            .flatten()
     }
 
     fn failed(&self, getter: &RealSlot) -> Skip {

@@ -873,10 +873,13 @@ pub fn served_by(seen: &[(u8, usize)]) -> Option<Arc<str>> {
     {
         return hit.clone();
     }
+    let unloads = UNLOADS.load(Ordering::Acquire);
     let joined: Option<Arc<str>> = served_by_uncached(seen).map(Arc::from);
     let mut cache = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner());
     let map = cache.get_or_insert_with(Default::default);
-    if map.len() < SERVED_NAMES_CAP {
+    // Names found before an unload that happened meanwhile may belong to unloaded kernels
+    // whose handles get reused: not kept.
+    if map.len() < SERVED_NAMES_CAP && UNLOADS.load(Ordering::Acquire) == unloads {
         map.insert(key, joined.clone());
     }
     joined
