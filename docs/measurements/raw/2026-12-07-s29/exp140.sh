@@ -5,7 +5,7 @@
 # Part 2: what one extra launch after each GEMM costs the host (launch_host_cost.cu, by
 # parameter size), and the small Llama prefill under sketch all with many short in-process
 # A/B trials (ab_pause.py --trials 300 --passes 2, bootstrap interval): main (this session's host-cost
-# changes) and base alternately, one pinned run.
+# changes) and base alternately.
 source tests/gpu/common.sh
 t0=$SECONDS
 step() { echo "== $1 (t=$((SECONDS - t0))s)"; }
@@ -46,11 +46,8 @@ shim() { local b=$1; shift; env LD_PRELOAD=$PWD/.gpu/$b/libquantshadow.so QUANTS
 ab() { local b=$1; shift; shim $b timeout 120 "$@" 2>$W/ab_err.txt | grep '^{' | python3 -c "import json,sys
 for l in sys.stdin:
     d=json.loads(l); r=d.pop('ratios'); print(json.dumps(d), 'pairs p10/p90', sorted(r)[len(r)//10], sorted(r)[9*len(r)//10])" || tail -3 $W/ab_err.txt; }
-step "small prefill, 300 x 2: main and base (a695b87) alternately, two processes each"
-for r in 1 2; do
-  ab main python3 tests/gpu/ab_pause.py "small main r$r" --llama small --trials 300 --passes 2
-  ab base python3 tests/gpu/ab_pause.py "small base r$r" --llama small --trials 300 --passes 2
-done
-step "small prefill, main, pinned to cores 2-5"
-ab main taskset -c 2-5 python3 tests/gpu/ab_pause.py "small main pinned" --llama small --trials 300 --passes 2
+step "small prefill, 300 x 2: main, base (a695b87), main"
+ab main python3 tests/gpu/ab_pause.py "small main r1" --llama small --trials 300 --passes 2
+ab base python3 tests/gpu/ab_pause.py "small base r1" --llama small --trials 300 --passes 2
+ab main python3 tests/gpu/ab_pause.py "small main r2" --llama small --trials 300 --passes 2
 step end
