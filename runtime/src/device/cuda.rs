@@ -363,6 +363,13 @@ impl GpuRuntime for CudaRuntime {
         Vendor::Nvidia
     }
 
+    fn current_context(&self) -> Option<u64> {
+        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        check("cuCtxGetCurrent", unsafe { cu::cuCtxGetCurrent(&mut ctx) }).ok()?;
+        (!ctx.is_null()).then_some(ctx as u64)
+    }
+
     fn current_ordinal(&self) -> Result<i32, DeviceError> {
         self.current_cu_device()
     }

@@ -153,6 +153,13 @@ pub trait GpuRuntime: Send + Sync {
     /// Ordinal of the calling thread's current device (one cheap driver call).
     fn current_ordinal(&self) -> Result<i32, DeviceError>;
 
+    /// The calling thread's current context, as a raw handle (None: unknown, or the runtime
+    /// has no such notion). A backend remembers the one it was made in, to know when the host
+    /// destroys it.
+    fn current_context(&self) -> Option<u64> {
+        None
+    }
+
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError>;
     /// # Safety
     /// `ptr` came from [`GpuRuntime::malloc`] of this runtime and is not used afterwards.

@@ -193,6 +193,13 @@ pub trait Backend: Send + Sync {
     /// The host is about to reset `device` (None: the calling thread's current one): its
     /// context and everything made in it go away.
     fn device_reset(&self, _device: Option<i32>) {}
+    /// The context the backend was made in, as a raw handle, when known.
+    fn context(&self) -> Option<u64> {
+        None
+    }
+    /// The host is about to destroy context `ctx` (`cuCtxDestroy`): backends made in it are
+    /// retired, as after a device reset.
+    fn context_destroyed(&self, _ctx: u64) {}
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

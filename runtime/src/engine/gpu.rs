@@ -681,6 +681,8 @@ struct Compiler {
 pub struct GpuBackend {
     name: &'static str,
     runtime: Arc<dyn GpuRuntime>,
+    /// The context current when the backend started (its kernels, pool and streams live there).
+    context: Option<u64>,
     checker: Arc<GpuChecker>,
     sites: Mutex<FxHashMap<u64, SiteGpu>>,
     /// site_id -> ordinal, for tagging results.
@@ -795,6 +797,7 @@ impl GpuBackend {
         };
         Ok(GpuBackend {
             name,
+            context: runtime.current_context(),
             runtime,
             checker,
             sites: Mutex::new(FxHashMap::default()),
@@ -2066,6 +2069,10 @@ impl Backend for GpuBackend {
 
     fn is_capturing(&self, stream: u64) -> bool {
         self.runtime.is_capturing(Stream(stream)).unwrap_or(false)
+    }
+
+    fn context(&self) -> Option<u64> {
+        self.context
     }
 
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {

@@ -313,6 +313,21 @@ pub fn on_device_reset(device: Option<i32>) {
     }
 }
 
+/// The host is about to destroy context `ctx` (`cuCtxDestroy`): backends made in it are
+/// retired, as after a device reset. Never starts the engine.
+pub fn on_context_destroy(ctx: u64) {
+    let Some(Some(e)) = ENGINE.get() else { return };
+    if FORKED_CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(b) = e.backend.as_ref() else { return };
+    if let Some(select) = graph_select::get() {
+        // Executables of that context are destroyed with it; later ones may reuse handles.
+        select.forget_all();
+    }
+    b.context_destroyed(ctx);
+}
+
 /// Whether the engine has been started in this process (for tests of inertness).
 pub fn started() -> bool {
     ENGINE.get().is_some()

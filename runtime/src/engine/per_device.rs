@@ -69,6 +69,21 @@ impl<B: Backend + 'static> PerDevice<B> {
         Ok(per)
     }
 
+    /// Retires `ordinal`'s backend (its context is going away): never used or dropped again,
+    /// still polled; the device's next call starts a new one, up to [`RESETS_MAX`] times.
+    fn retire(&self, ordinal: i32, why: &str) {
+        let Some(old) = self.devices.write().unwrap_or_else(|e| e.into_inner()).remove(&ordinal) else {
+            return;
+        };
+        let mut reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
+        reset.push((ordinal, old));
+        if reset.iter().filter(|(o, _)| *o == ordinal).count() >= RESETS_MAX {
+            let why = format!("reset {RESETS_MAX} times: not started again");
+            self.failed.lock().unwrap_or_else(|e| e.into_inner()).insert(ordinal, why);
+        }
+        super::log::info(&format!("{} backend of device {ordinal} retired: {why}", self.name));
+    }
+
     /// Devices with a running backend.
     pub fn started(&self) -> Vec<i32> {
         let mut v: Vec<i32> =
@@ -193,19 +208,21 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         let Some(ordinal) = device.or_else(|| self.probe.current_ordinal().ok()) else {
             return;
         };
-        let Some(old) = self.devices.write().unwrap_or_else(|e| e.into_inner()).remove(&ordinal) else {
-            return;
-        };
-        let mut reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
-        reset.push((ordinal, old));
-        if reset.iter().filter(|(o, _)| *o == ordinal).count() >= RESETS_MAX {
-            let why = format!("reset {RESETS_MAX} times: not started again");
-            self.failed.lock().unwrap_or_else(|e| e.into_inner()).insert(ordinal, why);
+        self.retire(ordinal, "the host reset the device");
+    }
+
+    fn context_destroyed(&self, ctx: u64) {
+        let dead: Vec<i32> = self
+            .devices
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, b)| b.context() == Some(ctx))
+            .map(|(o, _)| *o)
+            .collect();
+        for ordinal in dead {
+            self.retire(ordinal, "the host destroyed its context");
         }
-        super::log::info(&format!(
-            "{} backend of device {ordinal} retired: the host reset the device",
-            self.name
-        ));
     }
 
     fn dropped(&self) -> u64 {
@@ -244,6 +261,7 @@ mod tests {
     /// A backend that says which device it serves through its poll results.
     struct Fake {
         ordinal: i32,
+        generation: u64,
         calls: AtomicU64,
         capture_ends: AtomicU64,
     }
@@ -279,6 +297,11 @@ mod tests {
         fn dropped(&self) -> u64 {
             self.ordinal as u64
         }
+        fn context(&self) -> Option<u64> {
+            // Each start of a device's backend in a new context (0xc0de00 + device, + 0x100
+            // per start after the first).
+            Some(0xc0de00 + self.ordinal as u64 + 0x100 * self.generation)
+        }
     }
 
     struct Probe {
@@ -308,7 +331,8 @@ mod tests {
                 if ordinal == broken {
                     return Err("no memory".into());
                 }
-                Ok(Fake { ordinal, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
+                let generation = s.load(Ordering::Relaxed) - 1;
+                Ok(Fake { ordinal, generation, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
             }),
         )
         .unwrap();
@@ -356,6 +380,28 @@ mod tests {
         assert_eq!(served(&per), [0, 1, 1]);
         assert_eq!(per.dropped(), 1, "drops of every device are summed");
         assert_eq!(per.device(), ("gpu0".to_string(), "sm_test".to_string()));
+    }
+
+    #[test]
+    fn a_destroyed_context_retires_the_backends_made_in_it_and_no_other() {
+        let (per, current, _, starts) = per_device(-1);
+        after(&per, 7).unwrap(); // device 0, context 0xc0de00
+        current.store(1, Ordering::Relaxed);
+        after(&per, 7).unwrap(); // device 1, context 0xc0de01 + 0x100
+        assert_eq!(per.started(), [0, 1]);
+        let ctx1 = per.all()[1].context().unwrap();
+        // A context no backend was made in: nothing happens.
+        per.context_destroyed(0xdead);
+        assert_eq!(per.started(), [0, 1]);
+        per.context_destroyed(ctx1);
+        assert_eq!(per.started(), [0], "device 1's backend retired");
+        let n = starts.load(Ordering::Relaxed);
+        after(&per, 7).unwrap();
+        assert_eq!(starts.load(Ordering::Relaxed), n + 1, "device 1 starts again in its new context");
+        assert_ne!(per.all()[1].context(), Some(ctx1));
+        // Destroying the old context again (a recycled handle) leaves the new backend alone.
+        per.context_destroyed(ctx1);
+        assert_eq!(per.started(), [0, 1]);
     }
 
     #[test]
@@ -477,7 +523,12 @@ mod tests {
                         entered_tx.lock().unwrap().send(()).unwrap();
                         release_rx.lock().unwrap().recv().unwrap();
                     }
-                    Ok(Fake { ordinal, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
+                    Ok(Fake {
+                        ordinal,
+                        generation: 0,
+                        calls: AtomicU64::new(0),
+                        capture_ends: AtomicU64::new(0),
+                    })
                 }),
             )
             .unwrap(),
@@ -511,7 +562,7 @@ mod tests {
                 if ordinal == 2 && t.fetch_add(1, Ordering::Relaxed) == 0 {
                     panic!("first start of device 2");
                 }
-                Ok(Fake { ordinal, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
+                Ok(Fake { ordinal, generation: 0, calls: AtomicU64::new(0), capture_ends: AtomicU64::new(0) })
             }),
         )
         .unwrap();

@@ -198,6 +198,9 @@ macro_rules! for_each_hook {
             cuDevicePrimaryCtxReset: lifetime::primary_ctx_reset, missing = 500, (device: i32);
             cuDevicePrimaryCtxReset_v2: lifetime::primary_ctx_reset_v2, missing = 500, (device: i32);
             hipDeviceReset: lifetime::hip_device_reset, missing = 500, ();
+            // A context the host made itself (driver API) and destroys.
+            cuCtxDestroy: lifetime::cu_ctx_destroy, missing = 500, (ctx: *mut c_void);
+            cuCtxDestroy_v2: lifetime::cu_ctx_destroy_v2, missing = 500, (ctx: *mut c_void);
             // Another stream may wait for an event recorded on a capturing stream: a snapshot
             // copy pending there is captured before the event (`engine::copy_beside`).
             cuEventRecord: graph::event_record, missing = 500, (event: *mut c_void, stream: *mut c_void);

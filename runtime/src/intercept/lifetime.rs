@@ -1,6 +1,7 @@
 //! Ends of vendor objects whose handles the shim remembers: streams (a site's projection keeps
 //! the streams its checks ran on, to retire it behind them), modules (kernel names and specs
-//! are cached per function handle) and whole device contexts (a device reset). Each hook tells the runtime before the real call, while
+//! are cached per function handle) and whole device contexts (a device reset, or a context the
+//! host made and destroys). Each hook tells the runtime before the real call, while
 //! the handle is still valid, and forwards; nothing here starts the engine.
 
 use super::{hook, RealCall};
@@ -57,3 +58,18 @@ pub fn hip_device_reset(_: &hook::hipDeviceReset::Args, real: &RealCall) -> i32 
     crate::engine::on_device_reset(None);
     real.call()
 }
+
+macro_rules! ctx_destroy {
+    ($($handler:ident: $sym:ident),* $(,)?) => {$(
+        /// A context is about to be destroyed: a backend made in it is retired first (its
+        /// streams, kernels and pool go with the context; the device's next call in another
+        /// context starts a new backend).
+        pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
+            if !a.ctx.is_null() {
+                crate::engine::on_context_destroy(a.ctx as u64);
+            }
+            real.call()
+        }
+    )*};
+}
+ctx_destroy!(cu_ctx_destroy: cuCtxDestroy, cu_ctx_destroy_v2: cuCtxDestroy_v2);
