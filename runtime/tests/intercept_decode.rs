@@ -1665,3 +1665,29 @@ fn a_workspace_set_on_a_handle_is_its_gemms_scratch() {
     let other = std::thread::spawn(move || gemm(newest).scratch()).join().unwrap();
     assert_eq!(other, None);
 }
+
+/// Host time of remembering a handle's workspace, as PyTorch's `cublasSetWorkspace_v2` before
+/// every BLAS call makes the hook do (the hook's own guard comes on top). A benchmark, not a
+/// timed test: `cargo test --release -p quantshadow-runtime --test intercept_decode
+/// bench_set_workspace -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_set_workspace() {
+    use quantshadow_runtime::intercept::cublas::CUBLAS_HANDLE;
+    let calls = 10_000_000u64;
+    let t = std::time::Instant::now();
+    for i in 0..calls {
+        // Four handles in turn (threads x streams), each given its workspace again.
+        let h = 0x5157_1000 + (i & 3);
+        CUBLAS_HANDLE.set_workspace(mptr(h), mptr(0x7000_0000 + (h << 20)), 4 << 20);
+    }
+    let set = t.elapsed().as_nanos() as f64 / calls as f64;
+    let t = std::time::Instant::now();
+    let mut found = 0u64;
+    for i in 0..calls {
+        found += CUBLAS_HANDLE.workspace(mptr(0x5157_1000 + (i & 3))).is_some() as u64;
+    }
+    let get = t.elapsed().as_nanos() as f64 / calls as f64;
+    assert_eq!(found, calls);
+    println!("set_workspace {set:.1} ns, workspace lookup {get:.1} ns per call");
+}
