@@ -124,6 +124,9 @@ pub struct CudaRuntime {
     /// cuCtxGetId (CUDA >= 12.0): host-to-device copies go through a stream of the shim's own
     /// per context ([`CudaRuntime::copy_stream`]). Without it they take the legacy stream.
     ctx_ids: bool,
+    /// cuDevicePrimaryCtxGetState and cuDevicePrimaryCtxRelease_v2: whether a backend was made
+    /// in a primary context, and whether that context still exists after the host releases it.
+    primary_state: bool,
     /// The shim's copy stream of each context, by context id (ids are never reused, so a
     /// destroyed context's stream is never looked up again); at most [`COPY_STREAMS_MAX`].
     copy_streams: Mutex<Vec<(u64, u64)>>,
@@ -238,7 +241,10 @@ impl CudaRuntime {
             .all(|name| symbol_present(Lib::Driver, name));
         let early_launch = symbol_present(Lib::Driver, "cuLaunchKernelEx");
         let ctx_ids = symbol_present(Lib::Driver, "cuCtxGetId");
+        let primary_state = symbol_present(Lib::Driver, "cuDevicePrimaryCtxGetState")
+            && symbol_present(Lib::Driver, "cuDevicePrimaryCtxRelease_v2");
         Ok(CudaRuntime {
+            primary_state,
             elapsed_v2,
             graph_branches,
             branch_joins,
@@ -368,6 +374,36 @@ impl GpuRuntime for CudaRuntime {
         // SAFETY: out-pointer is a valid local.
         check("cuCtxGetCurrent", unsafe { cu::cuCtxGetCurrent(&mut ctx) }).ok()?;
         (!ctx.is_null()).then_some(ctx as u64)
+    }
+
+    fn primary_context_active(&self, device: i32) -> Option<bool> {
+        if !self.primary_state {
+            return None;
+        }
+        let (mut flags, mut active): (std::ffi::c_uint, std::ffi::c_int) = (0, 0);
+        // SAFETY: primary_state implies the symbol; out-pointers are valid locals.
+        check("cuDevicePrimaryCtxGetState", unsafe {
+            cu::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)
+        })
+        .ok()?;
+        Some(active != 0)
+    }
+
+    fn current_context_is_primary(&self) -> Option<bool> {
+        let current = self.current_context()?;
+        let device = self.current_cu_device().ok()?;
+        // An inactive primary context cannot be the current one; retaining it would create it.
+        if !self.primary_context_active(device)? {
+            return Some(false);
+        }
+        let mut primary: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: primary_state implies both symbols; the primary context is active, so the
+        // retain only counts a reference, which the release gives back at once.
+        unsafe {
+            check("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut primary, device)).ok()?;
+            let _ = check("cuDevicePrimaryCtxRelease_v2", cu::cuDevicePrimaryCtxRelease_v2(device));
+        }
+        Some(primary as u64 == current)
     }
 
     fn current_ordinal(&self) -> Result<i32, DeviceError> {

@@ -160,6 +160,19 @@ pub trait GpuRuntime: Send + Sync {
         None
     }
 
+    /// Whether the primary context of `device` (a vendor device handle, as the current
+    /// ordinal) exists now (None: unknown). Read-only: never creates or releases it.
+    fn primary_context_active(&self, device: i32) -> Option<bool> {
+        let _ = device;
+        None
+    }
+
+    /// Whether the calling thread's current context is its device's primary context (None:
+    /// unknown). Asked once, when a backend starts.
+    fn current_context_is_primary(&self) -> Option<bool> {
+        None
+    }
+
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DeviceError>;
     /// # Safety
     /// `ptr` came from [`GpuRuntime::malloc`] of this runtime and is not used afterwards.

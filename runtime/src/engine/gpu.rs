@@ -106,6 +106,9 @@ impl super::per_device::DeviceProbe for RuntimeProbe {
     fn current_ordinal(&self) -> Result<i32, String> {
         self.0.current_ordinal().map_err(|e| e.to_string())
     }
+    fn primary_context_active(&self, device: i32) -> Option<bool> {
+        self.0.primary_context_active(device)
+    }
     fn is_capturing(&self, stream: u64) -> bool {
         // Unknown counts as capturing: set-up (allocations) waits for a call that is sure.
         self.0.is_capturing(Stream(stream)).unwrap_or(true)
@@ -683,6 +686,8 @@ pub struct GpuBackend {
     runtime: Arc<dyn GpuRuntime>,
     /// The context current when the backend started (its kernels, pool and streams live there).
     context: Option<u64>,
+    /// Whether that context is its device's primary context.
+    primary: Option<bool>,
     checker: Arc<GpuChecker>,
     sites: Mutex<FxHashMap<u64, SiteGpu>>,
     /// site_id -> ordinal, for tagging results.
@@ -798,6 +803,7 @@ impl GpuBackend {
         Ok(GpuBackend {
             name,
             context: runtime.current_context(),
+            primary: runtime.current_context_is_primary(),
             runtime,
             checker,
             sites: Mutex::new(FxHashMap::default()),
@@ -2073,6 +2079,10 @@ impl Backend for GpuBackend {
 
     fn context(&self) -> Option<u64> {
         self.context
+    }
+
+    fn in_primary_context(&self) -> Option<bool> {
+        self.primary
     }
 
     fn before_call(&self, req: &CheckRequest) -> Result<PreCall, Skip> {

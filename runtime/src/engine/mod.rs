@@ -328,6 +328,17 @@ pub fn on_context_destroy(ctx: u64) {
     b.context_destroyed(ctx);
 }
 
+/// The host released `device`'s primary context (after the call): if it is gone, backends
+/// made in it are retired. One read-only driver query. Never starts the engine.
+pub fn on_primary_context_release(device: i32) {
+    let Some(Some(e)) = ENGINE.get() else { return };
+    if FORKED_CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(b) = e.backend.as_ref() else { return };
+    b.primary_context_released(device);
+}
+
 /// Whether the engine has been started in this process (for tests of inertness).
 pub fn started() -> bool {
     ENGINE.get().is_some()

@@ -19,6 +19,10 @@ pub trait DeviceProbe: Send + Sync {
     fn current_ordinal(&self) -> Result<i32, String>;
     /// Whether `stream` is capturing (on the current device).
     fn is_capturing(&self, stream: u64) -> bool;
+    /// Whether `device`'s primary context exists now (None: unknown). Read-only.
+    fn primary_context_active(&self, _device: i32) -> Option<bool> {
+        None
+    }
 }
 
 type Starter<B> = Box<dyn Fn(i32) -> Result<B, String> + Send + Sync>;
@@ -225,6 +229,22 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         }
     }
 
+    fn primary_context_released(&self, device: i32) {
+        // Still held by someone else (the release only counted down): nothing is gone.
+        if self.probe.primary_context_active(device) != Some(false) {
+            return;
+        }
+        let made_there = self
+            .devices
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&device)
+            .is_some_and(|b| b.in_primary_context() == Some(true));
+        if made_there {
+            self.retire(device, "the host released its primary context");
+        }
+    }
+
     fn dropped(&self) -> u64 {
         let reset = self
             .reset
@@ -297,6 +317,10 @@ mod tests {
         fn dropped(&self) -> u64 {
             self.ordinal as u64
         }
+        fn in_primary_context(&self) -> Option<bool> {
+            // Device 1's backends are made in a context of the host's own.
+            Some(self.ordinal != 1)
+        }
         fn context(&self) -> Option<u64> {
             // Each start of a device's backend in a new context (0xc0de00 + device, + 0x100
             // per start after the first).
@@ -309,12 +333,18 @@ mod tests {
         capturing: Arc<AtomicBool>,
     }
 
+    /// Devices whose primary context is gone (a bit per device).
+    static PRIMARY_GONE: AtomicU64 = AtomicU64::new(0);
+
     impl DeviceProbe for Probe {
         fn current_ordinal(&self) -> Result<i32, String> {
             Ok(self.current.load(Ordering::Relaxed))
         }
         fn is_capturing(&self, _: u64) -> bool {
             self.capturing.load(Ordering::Relaxed)
+        }
+        fn primary_context_active(&self, device: i32) -> Option<bool> {
+            Some(PRIMARY_GONE.load(Ordering::Relaxed) & (1 << device) == 0)
         }
     }
 
@@ -402,6 +432,30 @@ mod tests {
         // Destroying the old context again (a recycled handle) leaves the new backend alone.
         per.context_destroyed(ctx1);
         assert_eq!(per.started(), [0, 1]);
+    }
+
+    #[test]
+    fn a_released_primary_context_retires_its_backend_only_once_it_is_gone() {
+        let (per, current, _, starts) = per_device(-1);
+        for device in [0, 1, 2] {
+            current.store(device, Ordering::Relaxed);
+            after(&per, 7).unwrap();
+        }
+        assert_eq!(per.started(), [0, 1, 2]);
+        // A release that only counted down (the context is still active): nothing happens.
+        per.primary_context_released(0);
+        assert_eq!(per.started(), [0, 1, 2]);
+        // Device 0's primary context is gone: its backend (made there) is retired and starts
+        // again at the next call. Device 1's backend lives in the host's own context: kept.
+        PRIMARY_GONE.fetch_or(0b011, Ordering::Relaxed);
+        per.primary_context_released(0);
+        per.primary_context_released(1);
+        assert_eq!(per.started(), [1, 2]);
+        let n = starts.load(Ordering::Relaxed);
+        current.store(0, Ordering::Relaxed);
+        after(&per, 7).unwrap();
+        assert_eq!(starts.load(Ordering::Relaxed), n + 1);
+        assert_eq!(per.started(), [0, 1, 2]);
     }
 
     #[test]

@@ -201,6 +201,10 @@ macro_rules! for_each_hook {
             // A context the host made itself (driver API) and destroys.
             cuCtxDestroy: lifetime::cu_ctx_destroy, missing = 500, (ctx: *mut c_void);
             cuCtxDestroy_v2: lifetime::cu_ctx_destroy_v2, missing = 500, (ctx: *mut c_void);
+            // The last release of a primary context destroys it (a driver-API host, or the CUDA
+            // runtime's own teardown at exit).
+            cuDevicePrimaryCtxRelease: lifetime::primary_ctx_release, missing = 500, (device: i32);
+            cuDevicePrimaryCtxRelease_v2: lifetime::primary_ctx_release_v2, missing = 500, (device: i32);
             // Another stream may wait for an event recorded on a capturing stream: a snapshot
             // copy pending there is captured before the event (`engine::copy_beside`).
             cuEventRecord: graph::event_record, missing = 500, (event: *mut c_void, stream: *mut c_void);

@@ -73,3 +73,21 @@ macro_rules! ctx_destroy {
     )*};
 }
 ctx_destroy!(cu_ctx_destroy: cuCtxDestroy, cu_ctx_destroy_v2: cuCtxDestroy_v2);
+
+macro_rules! primary_ctx_release {
+    ($($handler:ident: $sym:ident),* $(,)?) => {$(
+        /// A primary context was released: if that was its last reference it is gone, and a
+        /// backend made in it is retired (asked after the call, read-only).
+        pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
+            let status = real.call();
+            if status == 0 {
+                crate::engine::on_primary_context_release(a.device);
+            }
+            status
+        }
+    )*};
+}
+primary_ctx_release!(
+    primary_ctx_release: cuDevicePrimaryCtxRelease,
+    primary_ctx_release_v2: cuDevicePrimaryCtxRelease_v2,
+);
