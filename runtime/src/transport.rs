@@ -833,8 +833,9 @@ struct Sender {
     ever_connected: bool,
     /// When the connection in `sink` was accepted (None while on trial or without one).
     accepted_at: Option<Instant>,
-    /// Accepted connections lost in a row within [`STABLE_AFTER`] (see `connection_lost`).
-    quick_losses: u32,
+    /// The wait after the next accepted connection lost within [`STABLE_AFTER`] (see
+    /// `connection_lost`): `backoff_initial`, doubled per such loss in a row.
+    quick_backoff: Duration,
     backoff: Duration,
     next_attempt: Instant,
     /// Remembered so a persistent failure is logged once, not per attempt.
@@ -847,6 +848,7 @@ impl Sender {
             shared,
             address,
             backoff: opts.backoff_initial,
+            quick_backoff: opts.backoff_initial,
             opts,
             sink: Sink::None,
             spool: None,
@@ -856,7 +858,6 @@ impl Sender {
             trial: None,
             ever_connected: false,
             accepted_at: None,
-            quick_losses: 0,
             next_attempt: Instant::now(),
             last_error: None,
         }
@@ -1113,24 +1114,26 @@ impl Sender {
         self.sink = Sink::None;
         self.trial = None;
         self.backoff = self.opts.backoff_initial;
-        let now = Instant::now();
         if !quick {
-            self.quick_losses = 0;
-            self.next_attempt = now;
-            self.shared.retry_delay_ns.store(0, Ordering::Relaxed);
-            return;
+            self.quick_backoff = self.opts.backoff_initial;
+            return self.retry_after(Duration::ZERO);
         }
-        // Its own doubling from `backoff_initial` (not the refusals' delay, which the accept
-        // reset); kept records stay kept for the next connection, not spooled.
-        let delay = self
-            .opts
-            .backoff_initial
-            .saturating_mul(1u32 << self.quick_losses.min(16))
-            .min(self.opts.backoff_max)
-            .max(Duration::from_millis(1));
-        self.quick_losses += 1;
-        self.next_attempt = now.checked_add(delay).unwrap_or(now);
+        // Its own doubling (the accept reset the refusals' delay); kept records stay kept for
+        // the next connection, not spooled.
+        self.retry_after(self.quick_backoff);
+        self.quick_backoff = self.doubled(self.quick_backoff);
+    }
+
+    /// The next attempt waits `delay` (shown in the stats as the retry delay).
+    fn retry_after(&mut self, delay: Duration) {
+        let now = Instant::now();
+        self.next_attempt = now.checked_add(delay).unwrap_or_else(|| now + Duration::from_secs(86_400));
         self.shared.retry_delay_ns.store(delay.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// `delay` doubled, within `backoff_max` (and at least 1 ms).
+    fn doubled(&self, delay: Duration) -> Duration {
+        delay.saturating_mul(2).min(self.opts.backoff_max).max(Duration::from_millis(1))
     }
 
     /// Turns the records of `out` from in flight into kept; returns how many.
@@ -1323,14 +1326,8 @@ impl Sender {
         self.note_error(msg);
         self.sink = Sink::None;
         self.trial = None;
-        let now = Instant::now();
-        self.next_attempt =
-            now.checked_add(self.backoff).unwrap_or_else(|| now + Duration::from_secs(86_400));
-        self.shared
-            .retry_delay_ns
-            .store(self.backoff.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
-        self.backoff =
-            self.backoff.saturating_mul(2).min(self.opts.backoff_max).max(Duration::from_millis(1));
+        self.retry_after(self.backoff);
+        self.backoff = self.doubled(self.backoff);
         self.open_spool();
         self.spool_kept();
     }

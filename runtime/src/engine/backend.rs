@@ -198,15 +198,20 @@ pub trait Backend: Send + Sync {
         None
     }
     /// The host is about to destroy context `ctx` (`cuCtxDestroy`): backends made in it are
-    /// retired, as after a device reset.
-    fn context_destroyed(&self, _ctx: u64) {}
+    /// retired, as after a device reset. Returns whether one was.
+    fn context_destroyed(&self, _ctx: u64) -> bool {
+        false
+    }
     /// Whether the backend was made in its device's primary context (None: unknown).
     fn in_primary_context(&self) -> Option<bool> {
         None
     }
     /// The host released `device`'s primary context (`cuDevicePrimaryCtxRelease`); if that
     /// was the last reference, the context is gone and backends made in it are retired.
-    fn primary_context_released(&self, _device: i32) {}
+    /// Returns whether one was.
+    fn primary_context_released(&self, _device: i32) -> bool {
+        false
+    }
     /// Results the backend had to drop (full result ring, full queue).
     fn dropped(&self) -> u64 {
         0

@@ -114,6 +114,7 @@ struct Stats {
     paused: AtomicU64,
 }
 
+#[derive(Clone)]
 struct CallMeta {
     entry: &'static str,
     problem: ProblemSummary,
@@ -260,83 +261,69 @@ pub fn note_skip(reason: &str) {
 /// of that capture. Returns (graph, capture id) where the backend knows them. Never starts
 /// the engine.
 pub fn on_capture_end(stream: u64) -> Option<(u64, u64)> {
+    lifetime_backend().and_then(|b| b.capture_ending(stream))
+}
+
+/// The started engine's backend, for the hooks of object lifetimes: None before the start,
+/// without a backend, or in a forked child. Never starts the engine.
+fn lifetime_backend() -> Option<&'static dyn Backend> {
     let Some(Some(e)) = ENGINE.get() else { return None };
     if FORKED_CHILD.load(Ordering::Relaxed) {
         return None;
     }
-    e.backend.as_ref().and_then(|b| b.capture_ending(stream))
+    e.backend.as_deref()
+}
+
+/// A context went away with the executables and clones the graph selection knows; a later
+/// graph may get one of their handles.
+fn forget_graph_executables() {
+    if let Some(select) = graph_select::get() {
+        select.forget_all();
+    }
 }
 
 /// `stream` is about to be destroyed: the backends forget it, so that no later work (a
-/// replaced projection's retirement) passes the dead handle to the driver. Never starts the
-/// engine.
+/// replaced projection's retirement) passes the dead handle to the driver.
 pub fn on_stream_destroy(stream: u64) {
-    let Some(Some(e)) = ENGINE.get() else { return };
-    if FORKED_CHILD.load(Ordering::Relaxed) {
-        return;
-    }
-    if let Some(b) = e.backend.as_ref() {
+    if let Some(b) = lifetime_backend() {
         b.stream_destroyed(stream);
     }
 }
 
 /// The host is about to record an event on `stream`: a snapshot copy pending on a capturing
 /// stream is captured first, so that work of other streams waiting for that event is ordered
-/// after it. One atomic load when no copy is pending. Never starts the engine.
+/// after it. One atomic load when no copy is pending.
 pub fn on_event_record(stream: u64) {
     if !copy_beside::any_pending() {
         return;
     }
-    let Some(Some(e)) = ENGINE.get() else { return };
-    if FORKED_CHILD.load(Ordering::Relaxed) {
-        return;
-    }
-    if let Some(b) = e.backend.as_ref() {
+    if let Some(b) = lifetime_backend() {
         b.event_recording(stream);
     }
 }
 
 /// The host is about to reset `device` (None: the current one): the backend made in its
-/// context is retired, and the device's next call starts a new one. Never starts the engine.
+/// context is retired, and the device's next call starts a new one.
 pub fn on_device_reset(device: Option<i32>) {
-    let Some(Some(e)) = ENGINE.get() else { return };
-    if FORKED_CHILD.load(Ordering::Relaxed) {
-        return;
-    }
-    // The reset destroys the executables and clones the graph selection knows; a later graph
-    // may get one of their handles.
-    if let Some(select) = graph_select::get() {
-        select.forget_all();
-    }
-    if let Some(b) = e.backend.as_ref() {
-        b.device_reset(device);
-    }
+    let Some(b) = lifetime_backend() else { return };
+    forget_graph_executables();
+    b.device_reset(device);
 }
 
 /// The host is about to destroy context `ctx` (`cuCtxDestroy`): backends made in it are
-/// retired, as after a device reset. Never starts the engine.
+/// retired, as after a device reset.
 pub fn on_context_destroy(ctx: u64) {
-    let Some(Some(e)) = ENGINE.get() else { return };
-    if FORKED_CHILD.load(Ordering::Relaxed) {
-        return;
+    if lifetime_backend().is_some_and(|b| b.context_destroyed(ctx)) {
+        forget_graph_executables();
     }
-    let Some(b) = e.backend.as_ref() else { return };
-    if let Some(select) = graph_select::get() {
-        // Executables of that context are destroyed with it; later ones may reuse handles.
-        select.forget_all();
-    }
-    b.context_destroyed(ctx);
 }
 
 /// The host released `device`'s primary context (after the call): if it is gone, backends
-/// made in it are retired. One read-only driver query. Never starts the engine.
+/// made in it are retired. One read-only driver query.
 pub fn on_primary_context_release(device: i32) {
-    let Some(Some(e)) = ENGINE.get() else { return };
-    if FORKED_CHILD.load(Ordering::Relaxed) {
-        return;
+    if lifetime_backend().is_some_and(|b| b.primary_context_released(device)) {
+        forget_graph_executables();
     }
-    let Some(b) = e.backend.as_ref() else { return };
-    b.primary_context_released(device);
 }
 
 /// Whether the engine has been started in this process (for tests of inertness).
@@ -912,14 +899,7 @@ impl Engine {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         match p.map.get(&call_seq)? {
             m if m.once => p.map.remove(&call_seq),
-            m => Some(CallMeta {
-                entry: m.entry,
-                problem: m.problem.clone(),
-                site_name: m.site_name.clone(),
-                injected: m.injected,
-                kernel: m.kernel.clone(),
-                once: false,
-            }),
+            m => Some(m.clone()),
         }
     }
 

@@ -215,7 +215,7 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         self.retire(ordinal, "the host reset the device");
     }
 
-    fn context_destroyed(&self, ctx: u64) {
+    fn context_destroyed(&self, ctx: u64) -> bool {
         let dead: Vec<i32> = self
             .devices
             .read()
@@ -224,15 +224,16 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
             .filter(|(_, b)| b.context() == Some(ctx))
             .map(|(o, _)| *o)
             .collect();
-        for ordinal in dead {
+        for &ordinal in &dead {
             self.retire(ordinal, "the host destroyed its context");
         }
+        !dead.is_empty()
     }
 
-    fn primary_context_released(&self, device: i32) {
+    fn primary_context_released(&self, device: i32) -> bool {
         // Still held by someone else (the release only counted down): nothing is gone.
         if self.probe.primary_context_active(device) != Some(false) {
-            return;
+            return false;
         }
         let made_there = self
             .devices
@@ -243,6 +244,7 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         if made_there {
             self.retire(device, "the host released its primary context");
         }
+        made_there
     }
 
     fn dropped(&self) -> u64 {
@@ -421,9 +423,9 @@ mod tests {
         assert_eq!(per.started(), [0, 1]);
         let ctx1 = per.all()[1].context().unwrap();
         // A context no backend was made in: nothing happens.
-        per.context_destroyed(0xdead);
+        assert!(!per.context_destroyed(0xdead));
         assert_eq!(per.started(), [0, 1]);
-        per.context_destroyed(ctx1);
+        assert!(per.context_destroyed(ctx1));
         assert_eq!(per.started(), [0], "device 1's backend retired");
         let n = starts.load(Ordering::Relaxed);
         after(&per, 7).unwrap();
@@ -443,13 +445,13 @@ mod tests {
         }
         assert_eq!(per.started(), [0, 1, 2]);
         // A release that only counted down (the context is still active): nothing happens.
-        per.primary_context_released(0);
+        assert!(!per.primary_context_released(0));
         assert_eq!(per.started(), [0, 1, 2]);
         // Device 0's primary context is gone: its backend (made there) is retired and starts
         // again at the next call. Device 1's backend lives in the host's own context: kept.
         PRIMARY_GONE.fetch_or(0b011, Ordering::Relaxed);
-        per.primary_context_released(0);
-        per.primary_context_released(1);
+        assert!(per.primary_context_released(0));
+        assert!(!per.primary_context_released(1));
         assert_eq!(per.started(), [1, 2]);
         let n = starts.load(Ordering::Relaxed);
         current.store(0, Ordering::Relaxed);

@@ -292,6 +292,22 @@ impl VendorHandle {
         });
     }
 
+    /// The body of the vendor's set-workspace hook: forwards, then remembers what succeeded.
+    /// Never starts the engine.
+    pub fn set_workspace_hook(
+        &self,
+        handle: *mut c_void,
+        ptr: *mut c_void,
+        bytes: usize,
+        real: &super::RealCall,
+    ) -> i32 {
+        let status = real.call();
+        if status == 0 {
+            self.set_workspace(handle, ptr, bytes);
+        }
+        status
+    }
+
     /// The workspace given to `handle` on this thread, as [start, end), if known.
     pub fn workspace(&self, handle: *mut c_void) -> Option<(u64, u64)> {
         let (tag, h) = (self.tag(), handle as usize);

@@ -294,12 +294,7 @@ classic_entry!(cublasHgemmStridedBatched_64, hgemm_strided_batched_64, resolve, 
     false
 ));
 
-/// `cublasSetWorkspace_v2`: the workspace is remembered for the handle's later GEMMs (what they may write
-/// besides D, which a pending snapshot copy must not read beside them). Never starts the engine.
+/// `cublasSetWorkspace_v2`: the workspace is remembered for the handle's later GEMMs (their scratch).
 pub fn set_workspace(a: &super::hook::cublasSetWorkspace_v2::Args, real: &super::RealCall) -> i32 {
-    let status = real.call();
-    if status == 0 {
-        CUBLAS_HANDLE.set_workspace(a.handle, a.workspace, a.bytes);
-    }
-    status
+    CUBLAS_HANDLE.set_workspace_hook(a.handle, a.workspace, a.bytes, real)
 }

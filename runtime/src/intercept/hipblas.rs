@@ -115,12 +115,7 @@ hipblas_ex!(hipblasGemmEx_v2, gemm_ex_v2, true);
 hipblas_strided!(hipblasGemmStridedBatchedEx, gemm_strided_batched_ex, false);
 hipblas_strided!(hipblasGemmStridedBatchedEx_v2, gemm_strided_batched_ex_v2, true);
 
-/// `hipblasSetWorkspace`: the workspace is remembered for the handle's later GEMMs (what they may write
-/// besides D, which a pending snapshot copy must not read beside them). Never starts the engine.
+/// `hipblasSetWorkspace`: the workspace is remembered for the handle's later GEMMs (their scratch).
 pub fn set_workspace(a: &super::hook::hipblasSetWorkspace::Args, real: &super::RealCall) -> i32 {
-    let status = real.call();
-    if status == 0 {
-        HIPBLAS_HANDLE.set_workspace(a.handle, a.workspace, a.bytes);
-    }
-    status
+    HIPBLAS_HANDLE.set_workspace_hook(a.handle, a.workspace, a.bytes, real)
 }

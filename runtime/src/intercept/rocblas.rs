@@ -119,12 +119,7 @@ classic_entry!(rocblas_gemm_strided_batched_ex, gemm_strided_batched_ex, resolve
     }
 });
 
-/// `rocblas_set_workspace`: the workspace is remembered for the handle's later GEMMs (what they may write
-/// besides D, which a pending snapshot copy must not read beside them). Never starts the engine.
+/// `rocblas_set_workspace`: the workspace is remembered for the handle's later GEMMs (their scratch).
 pub fn set_workspace(a: &super::hook::rocblas_set_workspace::Args, real: &super::RealCall) -> i32 {
-    let status = real.call();
-    if status == 0 {
-        ROCBLAS_HANDLE.set_workspace(a.handle, a.workspace, a.bytes);
-    }
-    status
+    ROCBLAS_HANDLE.set_workspace_hook(a.handle, a.workspace, a.bytes, real)
 }
