@@ -186,6 +186,10 @@ struct SiteGpu {
     /// captured into a graph (replays read it for as long as the graph lives) or it was used
     /// from more than [`WEIGHT_STREAMS_MAX`] streams.
     weight_streams: Option<Vec<Stream>>,
+    /// The largest call sequence number of a check of this site enqueued so far. Threads take
+    /// their numbers before the site's lock, so a call that re-projects may come after checks
+    /// of higher numbers that still read the old projection ([`WeightChanges::projected_from`]).
+    latest_call: Option<u64>,
 }
 
 /// The warning about released kept projections is given once.
@@ -943,6 +947,7 @@ impl GpuBackend {
                     c_copies: FxHashMap::default(),
                     c_saved: None,
                     weight_streams: Some(Vec::new()),
+                    latest_call: None,
                 },
             );
         }
@@ -1023,12 +1028,13 @@ impl GpuBackend {
                 .sketch_weight_on(g, a, d, req.sketch.seed, req.sketch.probes, stream)
                 .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
             // Checks from this call on use the new projection; reports of the change from
-            // checks of the old one are the change just handled.
+            // checks of the old one are the change just handled. Checks of higher numbers
+            // already enqueued (other threads) read the old one: their reports are too.
             if let Some(c) =
                 self.weight_changes.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&req.site_id)
             {
                 c.pending = false;
-                c.projected_from = req.call_seq;
+                c.projected_from = projected_from(req.call_seq, site.latest_call);
             }
             if let Some(old) = site.weight.replace(w) {
                 self.retire_weight(old, stream, site.weight_streams.take());
@@ -1037,6 +1043,7 @@ impl GpuBackend {
             site.weight_ptr = req.call.buffers.b;
             projected_now = true;
         }
+        site.latest_call = Some(site.latest_call.map_or(req.call_seq, |l| l.max(req.call_seq)));
         // This call's check (whatever path it takes) reads the projection from `stream`, or
         // from every replay of the graph being captured.
         if capturing {
@@ -2306,6 +2313,14 @@ impl Backend for GpuBackend {
     }
 }
 
+/// The first call number whose check surely reads a projection made by call `call_seq`, given
+/// the largest number of the site's checks enqueued before it: the higher of the two. A check
+/// of a number between them may have read the new projection too; a change it finds is then
+/// found again by a later check (a short delay, never a change counted twice).
+fn projected_from(call_seq: u64, latest_call: Option<u64>) -> u64 {
+    latest_call.map_or(call_seq, |l| call_seq.max(l.saturating_add(1)))
+}
+
 /// Distinct changes of B after which a site is checked in rows mode instead.
 const WEIGHT_CHANGES_FOR_ROWS: u32 = 2;
 
@@ -2664,6 +2679,48 @@ mod tests {
         w.found(6);
         assert_eq!((w.distinct, w.pending), (2, true));
         assert!(w.distinct >= WEIGHT_CHANGES_FOR_ROWS);
+    }
+
+    #[test]
+    fn a_change_reported_by_another_threads_late_check_counts_once() {
+        // Two threads call one site: call 10's check was enqueued (against the first projection)
+        // before call 8 reached the site and re-projected for the change call 9 found. Call 10's
+        // report of that same change is not a second change.
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let call = bf16_call(&rt, (16, 256, 512));
+        let thresholds = crate::thresholds::Thresholds::default();
+        let check = |seq: u64| -> Vec<String> {
+            let req = CheckRequest { call_seq: seq, ..CheckRequest::sketch_for_test(&call, &thresholds) };
+            rt.take_log();
+            backend.after_call(&req, PreCall::default()).unwrap_or_else(|s| panic!("call {seq}: {}", s.0));
+            rt.take_log()
+        };
+        let site = CheckRequest::sketch_for_test(&call, &thresholds).site_id;
+        let changes = || *backend.weight_changes.lock().unwrap().get(&site).unwrap();
+        let projects = |log: &[String]| log.iter().any(|l| l.starts_with("launch qs_sketch_wproj"));
+        assert!(projects(&check(0)));
+        check(10);
+        backend.weight_changes.lock().unwrap().entry(site).or_default().found(9);
+        assert!(projects(&check(8)), "re-projected for the change");
+        assert_eq!(changes().projected_from, 11);
+        backend.weight_changes.lock().unwrap().get_mut(&site).unwrap().found(10);
+        assert_eq!((changes().distinct, changes().pending), (1, false), "the change just handled");
+        let log = check(11);
+        assert!(!projects(&log), "{log:?}");
+        assert!(log.iter().any(|l| l.starts_with("launch qs_sketch")), "still a sketch: {log:?}");
+        // A check of the new projection finding B changed again is a second change.
+        backend.weight_changes.lock().unwrap().get_mut(&site).unwrap().found(11);
+        assert_eq!((changes().distinct, changes().pending), (2, true));
+        let log = check(12);
+        assert!(!log.iter().any(|l| l.starts_with("launch qs_sketch")), "rows from now on: {log:?}");
+        // One thread: a call re-projects after every lower number was enqueued.
+        assert_eq!(projected_from(4, Some(3)), 4);
+        assert_eq!(projected_from(4, None), 4);
+        assert_eq!(projected_from(8, Some(10)), 11);
+        assert_eq!(projected_from(8, Some(u64::MAX)), u64::MAX);
     }
 
     #[test]
