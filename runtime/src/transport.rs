@@ -353,8 +353,12 @@ pub struct ClientStats {
     /// The wait before the next connection attempt, as set by the latest failed one (connect
     /// error or refused connection): `backoff_initial` after the first failure, doubled per
     /// consecutive failure up to `backoff_max`. Zero once a connection is accepted, and after
-    /// losing one that was (the next attempt is immediate).
+    /// losing one that served for a second (the next attempt is immediate); a connection lost
+    /// sooner waits `backoff_initial`, doubled for each such loss in a row.
     pub retry_delay: Duration,
+    /// Rounds of the sender thread's loop so far: it rests between them, so this grows with
+    /// the records and connection events, never with time alone.
+    pub sender_rounds: u64,
 }
 
 const PHASE_RUN: u8 = 0;
@@ -386,6 +390,7 @@ struct Shared {
     reconnects: AtomicU64,
     refused: AtomicU64,
     retry_delay_ns: AtomicU64,
+    sender_rounds: AtomicU64,
     /// Records the sender holds in its write buffer, not yet counted as sent or dropped.
     /// Whoever takes them (swap to 0) counts them: the sender when a write ends, or a `close`
     /// that gives up on a stuck sender, so none is counted twice or never.
@@ -526,6 +531,7 @@ impl Client {
             reconnects: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             retry_delay_ns: AtomicU64::new(0),
+            sender_rounds: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             kept: AtomicU64::new(0),
             held_lock: Mutex::new(()),
@@ -608,6 +614,7 @@ impl Client {
             reconnects: s.reconnects.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             retry_delay: Duration::from_nanos(s.retry_delay_ns.load(Ordering::Relaxed)),
+            sender_rounds: s.sender_rounds.load(Ordering::Relaxed),
         }
     }
 
@@ -885,6 +892,7 @@ impl Sender {
     fn run(&mut self) {
         let mut drained_reported = false;
         loop {
+            self.shared.sender_rounds.fetch_add(1, Ordering::Relaxed);
             match self.phase() {
                 PHASE_ABANDON => return self.abandon(),
                 PHASE_FINAL => return self.finish(),
@@ -924,7 +932,7 @@ impl Sender {
                     self.shared.set_progress(|p| p.drained = true);
                 }
             }
-            let nap = if self.has_destination() || draining {
+            let nap = if !self.waits_for_attempt() || draining {
                 IDLE_PARK
             } else {
                 self.next_attempt.saturating_duration_since(Instant::now()).min(IDLE_PARK)
@@ -947,16 +955,24 @@ impl Sender {
         }
     }
 
+    /// Without a connection, whether nothing can move before the next connect attempt: no
+    /// spool, or records kept from the lost connection, which wait for the next one (they go
+    /// before anything newer).
+    fn waits_for_attempt(&self) -> bool {
+        matches!(self.sink, Sink::None) && !self.can_deliver()
+    }
+
     fn park(&self, timeout: Duration) {
         let s = &*self.shared;
-        // With nowhere to deliver, new records cannot change anything before the next connect
-        // attempt: producers must not wake us (one syscall per park cycle, for nothing).
-        let wake_on_push = self.has_destination();
-        s.sleeping.store(wake_on_push, Ordering::Relaxed);
+        // With nothing able to move before the next connect attempt, new records change
+        // nothing: producers must not wake us (one syscall per park cycle, for nothing).
+        let waits = self.waits_for_attempt();
+        s.sleeping.store(!waits, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let phase = self.phase();
-        // Records queued while no destination exists stay queued: parking is right then.
-        let nothing_to_do = s.queue.is_empty() || !self.has_destination();
+        // Records queued then stay queued: parking is right (not a spin until the attempt),
+        // except while closing, when every round attempts a connection.
+        let nothing_to_do = s.queue.is_empty() || !self.has_destination() || (waits && phase != PHASE_DRAIN);
         if nothing_to_do && (phase == PHASE_RUN || phase == PHASE_DRAIN) && !timeout.is_zero() {
             thread::park_timeout(timeout);
         }

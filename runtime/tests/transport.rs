@@ -925,6 +925,57 @@ fn a_client_closing_after_its_idle_connection_was_closed_delivers_everything_on_
 }
 
 #[test]
+fn a_collector_that_hangs_up_while_a_spool_is_open_leaves_the_sender_resting() {
+    // The spool is opened by a first failed connect (no collector yet). Then each connection
+    // is accepted and closed soon after, while the host keeps sending: records kept from the
+    // lost connection wait for the next one, which waits out the backoff. The sender must
+    // rest until then, not go round its loop (the spool is a destination, but kept records go
+    // first, to the next connection).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hangup-spool.sock");
+    let opts = ClientOptions {
+        backoff_initial: Duration::from_millis(20),
+        backoff_max: Duration::from_secs(2),
+        spool: Some(dir.path().join("spool.qsr")),
+        ..session_options()
+    };
+    let client = Client::start(Address::Unix(path.clone()), opts);
+    client.send(rec(0));
+    assert!(wait_until(Duration::from_secs(5), || client.stats().spooled == 1), "{:?}", client.stats());
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let (mut connections, mut next) = (0, 1);
+    let end = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < end {
+        client.send(rec(next));
+        next += 1;
+        match listener.accept() {
+            Ok((s, _)) => {
+                connections += 1;
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut r = FrameReader::new(s);
+                assert_eq!(read_frames(&mut r, 1), vec![b"session".to_vec()]);
+                thread::sleep(Duration::from_millis(3));
+                drop(r);
+            }
+            Err(_) => thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    let st = client.stats();
+    assert!(connections >= 2, "{connections} connections: {st:?}");
+    // A few rounds per record sent and per connection; a spinning sender makes millions.
+    assert!(st.sender_rounds < 20 * next as u64, "{} rounds for {next} records: {st:?}", st.sender_rounds);
+    drop(listener);
+    let s = client.close(|d| format!("closing dropped={d}").into_bytes(), Duration::from_secs(1));
+    assert_eq!(
+        s.sent + s.spooled + s.dropped + s.queued,
+        next as u64 + 1,
+        "every record accounted for: {s:?}"
+    );
+}
+
+#[test]
 fn a_collector_that_hangs_up_after_each_preamble_is_not_redialled_in_a_loop() {
     // Each connection is accepted (its preamble read: the trial passes) and closed soon after,
     // while the host keeps sending. A connection lost that soon counts as a failed attempt, so

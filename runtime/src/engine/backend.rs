@@ -191,8 +191,14 @@ pub trait Backend: Send + Sync {
     /// left pending for later on that stream must be captured before the event.
     fn event_recording(&self, _stream: u64) {}
     /// The host is about to reset `device` (None: the calling thread's current one): its
-    /// context and everything made in it go away.
-    fn device_reset(&self, _device: Option<i32>) {}
+    /// context and everything made in it go away. Returns whether a backend was retired.
+    fn device_reset(&self, _device: Option<i32>) -> bool {
+        false
+    }
+    /// The host's reset of `device` (None: the calling thread's current one), announced by
+    /// [`Backend::device_reset`], failed: the context lives on, and so may the backend retired
+    /// for it.
+    fn device_reset_failed(&self, _device: Option<i32>) {}
     /// The context the backend was made in, as a raw handle, when known.
     fn context(&self) -> Option<u64> {
         None
@@ -202,6 +208,9 @@ pub trait Backend: Send + Sync {
     fn context_destroyed(&self, _ctx: u64) -> bool {
         false
     }
+    /// The destroy of `ctx` announced by [`Backend::context_destroyed`] failed: backends
+    /// retired for it serve again.
+    fn context_destroy_failed(&self, _ctx: u64) {}
     /// Whether the backend was made in its device's primary context (None: unknown).
     fn in_primary_context(&self) -> Option<bool> {
         None

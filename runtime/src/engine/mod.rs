@@ -123,18 +123,42 @@ struct CallMeta {
     injected: bool,
     /// The kernel that served the call, when the interposer knows it.
     kernel: Option<std::sync::Arc<str>>,
-    /// An eager call: its one result (or failure) takes the entry, which keeps the map small
-    /// and its lines warm (a captured call's entry serves every replay).
-    once: bool,
 }
 
+/// What results need of the calls they check, eager and captured kept apart: eager entries
+/// come and go with each checked call, while a captured call's entry must outlive them for as
+/// long as its graph replays (kept together, 8192 later eager calls pushed every graph's
+/// entries out, and their replays' results were dropped as calls no longer remembered).
 #[derive(Default)]
 struct PendingCalls {
+    eager: MetaBook,
+    captured: MetaBook,
+}
+
+/// Call entries by sequence number, the oldest forgotten beyond a bound.
+#[derive(Default)]
+struct MetaBook {
     map: FxHashMap<u64, CallMeta>,
     order: VecDeque<u64>,
 }
 
+impl MetaBook {
+    fn insert(&mut self, call_seq: u64, meta: CallMeta, cap: usize) {
+        while self.order.len() >= cap {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+        self.order.push_back(call_seq);
+        self.map.insert(call_seq, meta);
+    }
+}
+
+/// Eager calls remembered at most (their results normally come within milliseconds).
 const PENDING_CAP: usize = 8192;
+/// Captured calls remembered at most: every checked GEMM of every graph a server captures
+/// (vLLM: ~67 batch sizes x 7 GEMMs x layers, ~15k for 32 layers), at ~0.2 KB each.
+const CAPTURED_CAP: usize = 65_536;
 /// Longest the process exit waits for checks still on the device.
 const EXIT_GRACE: Duration = Duration::from_millis(500);
 /// Skip reason of a call whose check had not reported when the exit's grace ran out.
@@ -304,17 +328,37 @@ pub fn on_event_record(stream: u64) {
 
 /// The host is about to reset `device` (None: the current one): the backend made in its
 /// context is retired, and the device's next call starts a new one.
-pub fn on_device_reset(device: Option<i32>) {
-    let Some(b) = lifetime_backend() else { return };
+/// Returns whether one was (the hook then tells [`on_device_reset_failed`] if the reset fails).
+pub fn on_device_reset(device: Option<i32>) -> bool {
+    let Some(b) = lifetime_backend() else { return false };
     forget_graph_executables();
-    b.device_reset(device);
+    b.device_reset(device)
 }
 
 /// The host is about to destroy context `ctx` (`cuCtxDestroy`): backends made in it are
 /// retired, as after a device reset.
-pub fn on_context_destroy(ctx: u64) {
-    if lifetime_backend().is_some_and(|b| b.context_destroyed(ctx)) {
+/// Returns whether one was (the hook then tells [`on_context_destroy_failed`] if the destroy
+/// fails).
+pub fn on_context_destroy(ctx: u64) -> bool {
+    let retired = lifetime_backend().is_some_and(|b| b.context_destroyed(ctx));
+    if retired {
         forget_graph_executables();
+    }
+    retired
+}
+
+/// The destroy of `ctx` announced by [`on_context_destroy`] failed: what it retired serves
+/// again.
+pub fn on_context_destroy_failed(ctx: u64) {
+    if let Some(b) = lifetime_backend() {
+        b.context_destroy_failed(ctx);
+    }
+}
+
+/// The reset announced by [`on_device_reset`] failed: the backend it retired serves again.
+pub fn on_device_reset_failed(device: Option<i32>) {
+    if let Some(b) = lifetime_backend() {
+        b.device_reset_failed(device);
     }
 }
 
@@ -684,9 +728,10 @@ impl Engine {
             }
             return status;
         }
-        let eager_check = pre.is_some() && !capturing();
+        let captured_check = pre.is_some() && capturing();
+        let eager_check = pre.is_some() && !captured_check;
         if pre.is_some() || diagnose_now {
-            self.remember(call_seq, &call, site.name.clone(), injected, kernel, eager_check);
+            self.remember(call_seq, &call, site.name.clone(), injected, kernel, captured_check);
         }
         if let Some(pre) = pre {
             // Tracked before the check is enqueued: its result may be polled before after_call
@@ -864,6 +909,8 @@ impl Engine {
         self.send(&Record::Diagnosis(d));
     }
 
+    /// Keeps what the results of call `call_seq` need: the one result of an eager call, or
+    /// every replay's of a `captured` one ([`PendingCalls`]).
     fn remember(
         &self,
         call_seq: u64,
@@ -871,44 +918,35 @@ impl Engine {
         site_name: Option<std::sync::Arc<str>>,
         injected: bool,
         kernel: Option<std::sync::Arc<str>>,
-        once: bool,
+        captured: bool,
     ) {
+        let meta = CallMeta {
+            entry: call.entry,
+            problem: ProblemSummary::from(&call.problem),
+            site_name,
+            injected,
+            kernel,
+        };
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        while p.order.len() >= PENDING_CAP {
-            if let Some(old) = p.order.pop_front() {
-                p.map.remove(&old);
-            }
+        match captured {
+            false => p.eager.insert(call_seq, meta, PENDING_CAP),
+            true => p.captured.insert(call_seq, meta, CAPTURED_CAP),
         }
-        p.order.push_back(call_seq);
-        p.map.insert(
-            call_seq,
-            CallMeta {
-                entry: call.entry,
-                problem: ProblemSummary::from(&call.problem),
-                site_name,
-                injected,
-                kernel,
-                once,
-            },
-        );
     }
 
     /// What the record of call `call_seq`'s result needs: taken for an eager call (its one
     /// result), copied for a captured one (every replay reports).
     fn call_meta(&self, call_seq: u64) -> Option<CallMeta> {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        match p.map.get(&call_seq)? {
-            m if m.once => p.map.remove(&call_seq),
-            m => Some(m.clone()),
+        match p.eager.map.remove(&call_seq) {
+            Some(m) => Some(m),
+            None => p.captured.map.get(&call_seq).cloned(),
         }
     }
 
     /// An eager call's check failed on the device: its entry goes (no result will come).
     fn forget_once(&self, call_seq: u64) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if p.map.get(&call_seq).is_some_and(|m| m.once) {
-            p.map.remove(&call_seq);
-        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).eager.map.remove(&call_seq);
     }
 
     fn send(&self, record: &Record) {
@@ -1259,6 +1297,86 @@ mod tests {
         assert_eq!(starter.join().unwrap(), Ok(Some(7)));
         assert_eq!(once.get_or_start(|| Some(2)), Ok(Some(&7)));
         assert_eq!(once.get(), Some(&Some(7)));
+    }
+
+    #[test]
+    fn a_captured_calls_entry_outlives_any_number_of_eager_calls() {
+        // Results of graph replays find their call's entry however many eager calls were
+        // checked since the capture (kept with them, 8192 later eager calls pushed it out and
+        // every later replay's result was dropped as "no longer remembered").
+        use super::backend::{Backend, CheckRequest, Polled, PreCall};
+        use super::{config::Config, Engine, PENDING_CAP};
+        use crate::formats::Format;
+        use crate::intercept::{GemmArgs, InterceptedGemm, RealCall, Skip};
+        use crate::problem::{GemmBuffers, GemmProblem};
+        use std::cell::Cell;
+        use std::sync::atomic::AtomicBool;
+        struct Capturing(Arc<AtomicBool>);
+        impl Backend for Capturing {
+            fn name(&self) -> &'static str {
+                "capturing"
+            }
+            fn device(&self) -> (String, String) {
+                ("gpu0".into(), "sm_test".into())
+            }
+            fn before_call(&self, _: &CheckRequest) -> Result<PreCall, Skip> {
+                Ok(PreCall::default())
+            }
+            fn after_call(&self, _: &CheckRequest, _: PreCall) -> Result<(), Skip> {
+                Ok(())
+            }
+            fn poll(&self, _: &mut Vec<Polled>) {}
+            fn is_capturing(&self, _: u64) -> bool {
+                self.0.load(Ordering::Relaxed)
+            }
+        }
+        struct Call(InterceptedGemm);
+        impl GemmArgs for Call {
+            const ENTRY: &'static str = "cublasGemmEx";
+            fn quick_key(&self) -> u64 {
+                0x5eed
+            }
+            fn decode(&self) -> Result<InterceptedGemm, Skip> {
+                Ok(self.0.clone())
+            }
+            fn stream(&self) -> Option<u64> {
+                Some(self.0.stream)
+            }
+        }
+        let capturing = Arc::new(AtomicBool::new(true));
+        let config = Config::from_lookup(|k| match k {
+            "QUANTSHADOW_MODE" => Some("sketch".into()),
+            "QUANTSHADOW_SAMPLE" => Some("all".into()),
+            _ => None,
+        });
+        let backend = Box::new(Capturing(capturing.clone()));
+        let engine: &'static Engine = Box::leak(Box::new(Engine::assemble(config, Some(backend), 1, 1)));
+        let call = Call(InterceptedGemm {
+            entry: "cublasGemmEx",
+            problem: GemmProblem::row_major(8, 16, 32, Format::Bf16, Format::Bf16, Format::Bf16),
+            buffers: GemmBuffers { a: 0x10000, b: 0x20000, d: 0x30000, ..Default::default() },
+            stream: 7,
+            pointer_arrays: None,
+        });
+        let real = || 0;
+        let run = || {
+            let status = Cell::new(None);
+            assert_eq!(engine.gemm(&call, &RealCall::for_test(&real, &status)), 0);
+            engine.call_seq.load(Ordering::Relaxed) - 1
+        };
+        let captured = run();
+        capturing.store(false, Ordering::Relaxed);
+        let mut eager = 0;
+        for _ in 0..PENDING_CAP + 100 {
+            eager = run();
+        }
+        for replay in 0..3 {
+            assert!(engine.call_meta(captured).is_some(), "replay {replay}");
+        }
+        assert!(engine.call_meta(eager).is_some(), "an eager call's one result");
+        assert!(engine.call_meta(eager).is_none(), "taken by it");
+        assert!(engine.call_meta(eager - PENDING_CAP as u64 - 50).is_none(), "eager entries stay bounded");
+        engine.stop.store(true, Ordering::Release);
     }
 
     #[test]

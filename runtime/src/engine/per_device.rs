@@ -51,6 +51,8 @@ pub struct PerDevice<B: Backend> {
 /// Resets of one device after which its backend is started again; past it the device's calls
 /// pass through (each reset leaves its old backend's host memory behind).
 const RESETS_MAX: usize = 16;
+/// The start of the reason a device reset [`RESETS_MAX`] times gives.
+const RESET_TOO_OFTEN: &str = "reset";
 
 impl<B: Backend + 'static> PerDevice<B> {
     /// Starts the backend of the calling thread's current device now (so that a process whose
@@ -75,17 +77,45 @@ impl<B: Backend + 'static> PerDevice<B> {
 
     /// Retires `ordinal`'s backend (its context is going away): never used or dropped again,
     /// still polled; the device's next call starts a new one, up to [`RESETS_MAX`] times.
-    fn retire(&self, ordinal: i32, why: &str) {
+    /// Returns whether there was one.
+    fn retire(&self, ordinal: i32, why: &str) -> bool {
         let Some(old) = self.devices.write().unwrap_or_else(|e| e.into_inner()).remove(&ordinal) else {
-            return;
+            return false;
         };
         let mut reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
         reset.push((ordinal, old));
         if reset.iter().filter(|(o, _)| *o == ordinal).count() >= RESETS_MAX {
-            let why = format!("reset {RESETS_MAX} times: not started again");
+            let why = format!("{RESET_TOO_OFTEN} {RESETS_MAX} times: not started again");
             self.failed.lock().unwrap_or_else(|e| e.into_inner()).insert(ordinal, why);
         }
         super::log::info(&format!("{} backend of device {ordinal} retired: {why}", self.name));
+        true
+    }
+
+    /// The host's destroy or reset that retired backends failed: each retired one that
+    /// `matches` serves its device again, newest first, unless the device started a new one
+    /// meanwhile (which stays; the old one stays retired). Without this a failed destroy would
+    /// leave the old backend's pool allocated in a live context and start another beside it.
+    fn unretire(&self, matches: impl Fn(i32, &B) -> bool) {
+        let mut reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
+        let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
+        let mut i = reset.len();
+        while i > 0 {
+            i -= 1;
+            let (ordinal, ref b) = reset[i];
+            if !matches(ordinal, b) || devices.contains_key(&ordinal) {
+                continue;
+            }
+            let (ordinal, b) = reset.remove(i);
+            devices.insert(ordinal, b);
+            if reset.iter().filter(|(o, _)| *o == ordinal).count() < RESETS_MAX {
+                let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+                if failed.get(&ordinal).is_some_and(|why| why.starts_with(RESET_TOO_OFTEN)) {
+                    failed.remove(&ordinal);
+                }
+            }
+            super::log::info(&format!("{} backend of device {ordinal} serves again", self.name));
+        }
     }
 
     /// Devices with a running backend.
@@ -208,11 +238,11 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         }
     }
 
-    fn device_reset(&self, device: Option<i32>) {
+    fn device_reset(&self, device: Option<i32>) -> bool {
         let Some(ordinal) = device.or_else(|| self.probe.current_ordinal().ok()) else {
-            return;
+            return false;
         };
-        self.retire(ordinal, "the host reset the device");
+        self.retire(ordinal, "the host reset the device")
     }
 
     fn context_destroyed(&self, ctx: u64) -> bool {
@@ -228,6 +258,24 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
             self.retire(ordinal, "the host destroyed its context");
         }
         !dead.is_empty()
+    }
+
+    fn device_reset_failed(&self, device: Option<i32>) {
+        let Some(ordinal) = device.or_else(|| self.probe.current_ordinal().ok()) else {
+            return;
+        };
+        // The device's newest retired backend is the one the failed reset retired.
+        let newest = {
+            let reset = self.reset.lock().unwrap_or_else(|e| e.into_inner());
+            reset.iter().rev().find(|(o, _)| *o == ordinal).map(|(_, b)| Arc::as_ptr(b))
+        };
+        if let Some(newest) = newest {
+            self.unretire(|o, b| o == ordinal && std::ptr::eq(b, newest));
+        }
+    }
+
+    fn context_destroy_failed(&self, ctx: u64) {
+        self.unretire(|_, b| b.context() == Some(ctx));
     }
 
     fn primary_context_released(&self, device: i32) -> bool {
@@ -434,6 +482,55 @@ mod tests {
         // Destroying the old context again (a recycled handle) leaves the new backend alone.
         per.context_destroyed(ctx1);
         assert_eq!(per.started(), [0, 1]);
+    }
+
+    #[test]
+    fn a_failed_destroy_or_reset_leaves_the_backend_serving() {
+        let (per, current, _, starts) = per_device(-1);
+        after(&per, 7).unwrap();
+        current.store(1, Ordering::Relaxed);
+        after(&per, 7).unwrap();
+        let (first0, first1) = (per.all()[0].clone(), per.all()[1].clone());
+        let ctx1 = first1.context().unwrap();
+        // The destroy of device 1's context fails: the same backend serves on, none starts.
+        assert!(per.context_destroyed(ctx1));
+        per.context_destroy_failed(ctx1);
+        assert_eq!(per.started(), [0, 1]);
+        assert!(Arc::ptr_eq(&per.all()[1], &first1));
+        let n = starts.load(Ordering::Relaxed);
+        after(&per, 7).unwrap();
+        assert_eq!(starts.load(Ordering::Relaxed), n, "no second backend in the live context");
+        assert_eq!(first1.calls.load(Ordering::Relaxed), 2);
+        // A device reset that fails: likewise.
+        assert!(per.device_reset(Some(0)));
+        per.device_reset_failed(Some(0));
+        assert!(Arc::ptr_eq(&per.all()[0], &first0));
+        // Nothing retired, nothing to give back: a reset of a device never started, and a
+        // failed destroy of a context no backend was made in.
+        assert!(!per.device_reset(Some(5)));
+        per.context_destroy_failed(0xdead);
+        assert_eq!(per.started(), [0, 1]);
+        // A backend started for the device while the destroy ran stays; the old one stays
+        // retired (never two serving one device).
+        assert!(per.context_destroyed(ctx1));
+        after(&per, 7).unwrap();
+        let second1 = per.all()[1].clone();
+        assert!(!Arc::ptr_eq(&second1, &first1));
+        per.context_destroy_failed(ctx1);
+        assert!(Arc::ptr_eq(&per.all()[1], &second1));
+        // A device reset too often is not started again; if its last reset failed, that
+        // reset's backend serves again.
+        current.store(0, Ordering::Relaxed);
+        for _ in 1..RESETS_MAX {
+            per.device_reset(Some(0));
+            let _ = after(&per, 7);
+        }
+        assert!(per.device_reset(Some(0)));
+        assert!(after(&per, 7).unwrap_err().0.contains("reset"));
+        let n = starts.load(Ordering::Relaxed);
+        per.device_reset_failed(Some(0));
+        after(&per, 7).unwrap();
+        assert_eq!(starts.load(Ordering::Relaxed), n, "its last backend serves again");
     }
 
     #[test]

@@ -525,12 +525,40 @@ const MAX_REPLACED: usize = 4096;
 
 /// A module or library was unloaded: every cached kernel name is checked again before use.
 pub fn forget_kernel_handles() {
+    // The name caches below empty themselves at their next use (UnloadScoped).
     UNLOADS.fetch_add(1, Ordering::AcqRel);
-    if let Some(names) = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        names.clear();
+}
+
+/// A cache of what handles named at one count of [`UNLOADS`]: emptied when the count has
+/// moved on, and filled only with what was found entirely at the current count. (Emptying it
+/// in `forget_kernel_handles` would race: a lookup that read names before the unload could
+/// store them after the emptying.)
+struct UnloadScoped<M> {
+    unloads: u64,
+    map: M,
+}
+
+impl<M: Default> UnloadScoped<M> {
+    /// The cache as of now (emptied if modules were unloaded since it was filled).
+    fn current(slot: &mut Option<UnloadScoped<M>>) -> &mut M {
+        let now = UNLOADS.load(Ordering::Acquire);
+        let scoped = slot.get_or_insert_with(|| UnloadScoped { unloads: now, map: M::default() });
+        if scoped.unloads != now {
+            *scoped = UnloadScoped { unloads: now, map: M::default() };
+        }
+        &mut scoped.map
     }
-    if let Some(joined) = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        joined.clear();
+
+    /// Stores `entry`, found by a lookup that began at count `began`, unless a module was
+    /// unloaded since (or `fits` says the cache is full).
+    fn keep<E>(slot: &mut Option<UnloadScoped<M>>, began: u64, fits: impl FnOnce(&M) -> bool, entry: E)
+    where
+        M: Extend<E>,
+    {
+        let map = Self::current(slot);
+        if UNLOADS.load(Ordering::Acquire) == began && fits(map) {
+            map.extend(std::iter::once(entry));
+        }
     }
 }
 
@@ -853,13 +881,14 @@ impl GemmArgs for LaunchGemm<'_> {
 
 /// Names of kernels seen launched inside BLAS calls, per handle (bounded).
 type ServedNames = std::collections::HashMap<(u8, usize), Option<String>>;
-static SERVED_NAMES: Mutex<Option<ServedNames>> = Mutex::new(None);
+static SERVED_NAMES: Mutex<Option<UnloadScoped<ServedNames>>> = Mutex::new(None);
 const SERVED_NAMES_CAP: usize = 4096;
 
 /// What [`served_by`] answered per list of launches seen (bounded): a call's answer is one
 /// lookup and a shared string, not a join of copied names.
 type ServedKey = (u8, [(u8, usize); super::WATCHED_LAUNCHES]);
-static SERVED_BY: Mutex<Option<rustc_hash::FxHashMap<ServedKey, Option<Arc<str>>>>> = Mutex::new(None);
+type ServedBy = rustc_hash::FxHashMap<ServedKey, Option<Arc<str>>>;
+static SERVED_BY: Mutex<Option<UnloadScoped<ServedBy>>> = Mutex::new(None);
 
 /// The kernels a watched BLAS call launched ([`super::LaunchWatch::seen`]), named: "k1" or
 /// "k1 + k2"; None when it launched none that could be named. Cached per list of launches.
@@ -869,24 +898,28 @@ pub fn served_by(seen: &[(u8, usize)]) -> Option<Arc<str>> {
         *slot = *launch;
         key.0 += 1;
     }
-    if let Some(hit) = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key))
+    let began = UNLOADS.load(Ordering::Acquire);
+    if let Some(hit) =
+        UnloadScoped::current(&mut SERVED_BY.lock().unwrap_or_else(|e| e.into_inner())).get(&key)
     {
         return hit.clone();
     }
-    let unloads = UNLOADS.load(Ordering::Acquire);
-    let joined: Option<Arc<str>> = served_by_uncached(seen).map(Arc::from);
-    let mut cache = SERVED_BY.lock().unwrap_or_else(|e| e.into_inner());
-    let map = cache.get_or_insert_with(Default::default);
+    let joined: Option<Arc<str>> = served_by_uncached(seen, began).map(Arc::from);
     // Names found before an unload that happened meanwhile may belong to unloaded kernels
     // whose handles get reused: not kept.
-    if map.len() < SERVED_NAMES_CAP && UNLOADS.load(Ordering::Acquire) == unloads {
-        map.insert(key, joined.clone());
-    }
+    let fits = |m: &ServedBy| m.len() < SERVED_NAMES_CAP;
+    UnloadScoped::keep(
+        &mut SERVED_BY.lock().unwrap_or_else(|e| e.into_inner()),
+        began,
+        fits,
+        (key, joined.clone()),
+    );
     joined
 }
 
-/// [`served_by`] without its cache: names cached per handle, joined.
-fn served_by_uncached(seen: &[(u8, usize)]) -> Option<String> {
+/// [`served_by`] without its cache: names cached per handle, joined. `began`: the count of
+/// [`UNLOADS`] when the lookup began.
+fn served_by_uncached(seen: &[(u8, usize)], began: u64) -> Option<String> {
     let api_of = |code: u8| {
         [Api::CuDriver, Api::CudaRuntime, Api::HipModule, Api::HipRuntime]
             .into_iter()
@@ -903,7 +936,7 @@ fn served_by_uncached(seen: &[(u8, usize)]) -> Option<String> {
         // driver query per call.
         let cached = {
             let mut cache = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-            let map = cache.get_or_insert_with(Default::default);
+            let map = UnloadScoped::current(&mut cache);
             match map.get(&(code, handle)) {
                 Some(n) => Some(n.clone()),
                 None if map.len() >= SERVED_NAMES_CAP => Some(None),
@@ -915,10 +948,8 @@ fn served_by_uncached(seen: &[(u8, usize)]) -> Option<String> {
             None => {
                 let (n, _) = kernel_name(api, handle as *mut c_void, 0);
                 let mut cache = SERVED_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-                let map = cache.get_or_insert_with(Default::default);
-                if map.len() < SERVED_NAMES_CAP {
-                    map.insert((code, handle), n.clone());
-                }
+                let fits = |m: &ServedNames| m.len() < SERVED_NAMES_CAP;
+                UnloadScoped::keep(&mut cache, began, fits, ((code, handle), n.clone()));
                 n
             }
         };
@@ -997,6 +1028,29 @@ extern "C" fn write_listing_at_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_found_across_an_unload_are_not_cached() {
+        type Names = std::collections::HashMap<usize, &'static str>;
+        let mut cache: Option<UnloadScoped<Names>> = None;
+        let fits = |_: &Names| true;
+        // Found and stored at one count: kept.
+        let began = UNLOADS.load(Ordering::Acquire);
+        UnloadScoped::keep(&mut cache, began, fits, (1, "gemm_a"));
+        assert_eq!(UnloadScoped::current(&mut cache).get(&1), Some(&"gemm_a"));
+        // A lookup that began before an unload and stores after it (the race of emptying the
+        // cache in forget_kernel_handles): not kept.
+        let began = UNLOADS.load(Ordering::Acquire);
+        forget_kernel_handles();
+        UnloadScoped::keep(&mut cache, began, fits, (2, "gemm_of_an_unloaded_module"));
+        let now = UnloadScoped::current(&mut cache);
+        assert!(now.is_empty(), "emptied by the unload, the late name not kept: {now:?}");
+        // A full cache keeps nothing new.
+        let began = UNLOADS.load(Ordering::Acquire);
+        UnloadScoped::keep(&mut cache, began, |m: &Names| m.is_empty(), (3, "gemm_c"));
+        UnloadScoped::keep(&mut cache, began, |m: &Names| m.is_empty(), (4, "gemm_d"));
+        assert_eq!(UnloadScoped::current(&mut cache).len(), 1);
+    }
 
     #[test]
     fn packed_arguments_are_read_up_to_the_end_marker() {

@@ -44,10 +44,15 @@ module_unload!(
 macro_rules! primary_ctx_reset {
     ($($handler:ident: $sym:ident),* $(,)?) => {$(
         /// The device's primary context is about to be reset: the backend made in it is
-        /// retired first (its next call starts a new one in the new context).
+        /// retired first (its next call starts a new one in the new context), and serves again
+        /// if the reset fails.
         pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
-            crate::engine::on_device_reset(Some(a.device));
-            real.call()
+            let retired = crate::engine::on_device_reset(Some(a.device));
+            let status = real.call();
+            if retired && status != 0 {
+                crate::engine::on_device_reset_failed(Some(a.device));
+            }
+            status
         }
     )*};
 }
@@ -55,20 +60,27 @@ primary_ctx_reset!(primary_ctx_reset: cuDevicePrimaryCtxReset, primary_ctx_reset
 
 /// `hipDeviceReset` resets the calling thread's current device.
 pub fn hip_device_reset(_: &hook::hipDeviceReset::Args, real: &RealCall) -> i32 {
-    crate::engine::on_device_reset(None);
-    real.call()
+    let retired = crate::engine::on_device_reset(None);
+    let status = real.call();
+    if retired && status != 0 {
+        crate::engine::on_device_reset_failed(None);
+    }
+    status
 }
 
 macro_rules! ctx_destroy {
     ($($handler:ident: $sym:ident),* $(,)?) => {$(
         /// A context is about to be destroyed: a backend made in it is retired first (its
         /// streams, kernels and pool go with the context; the device's next call in another
-        /// context starts a new backend).
+        /// context starts a new backend). If the destroy fails the context lives on, and the
+        /// backend serves again.
         pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
-            if !a.ctx.is_null() {
-                crate::engine::on_context_destroy(a.ctx as u64);
+            let retired = !a.ctx.is_null() && crate::engine::on_context_destroy(a.ctx as u64);
+            let status = real.call();
+            if retired && status != 0 {
+                crate::engine::on_context_destroy_failed(a.ctx as u64);
             }
-            real.call()
+            status
         }
     )*};
 }
