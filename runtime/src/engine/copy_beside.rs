@@ -156,6 +156,11 @@ impl<W> Drop for PendingCopies<W> {
     }
 }
 
+/// Tests that leave copies pending hold this (here and in the backend's capture tests): the
+/// count of pending copies is the process's.
+#[cfg(test)]
+pub(crate) static PENDING_COUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,9 +208,7 @@ mod tests {
         assert!(!p.settles_in(None), "the stream no longer captures");
     }
 
-    /// The tests that move copies in and out hold this: the count of pending copies is the
-    /// process's.
-    static PENDING_COUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    use super::PENDING_COUNT;
 
     #[test]
     fn pending_copies_are_one_per_stream_bounded_and_taken_per_capture() {

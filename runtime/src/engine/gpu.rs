@@ -2366,6 +2366,10 @@ fn status_reason(status: u32) -> String {
 }
 
 #[cfg(test)]
+#[path = "gpu_capture_tests.rs"]
+mod gpu_capture_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::device::fake::FakeRuntime;

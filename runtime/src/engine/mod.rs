@@ -271,9 +271,17 @@ pub fn engine() -> Option<&'static Engine> {
     }
 }
 
+/// Every skip the backends noted in a unit-test process, engine or not (tests read them).
+#[cfg(test)]
+pub(crate) static TEST_SKIPS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
 /// Counts a skip reason in the running engine's closing record (work outside a GEMM call:
 /// graph launch selection). Never starts the engine.
 pub fn note_skip(reason: &str) {
+    #[cfg(test)]
+    {
+        *TEST_SKIPS.lock().unwrap_or_else(|e| e.into_inner()).entry(reason.to_string()).or_insert(0) += 1;
+    }
     if let Some(Some(e)) = ENGINE.get() {
         if !FORKED_CHILD.load(Ordering::Relaxed) {
             e.skip(reason);
