@@ -165,7 +165,7 @@ pub enum ScaleStorage {
 }
 
 /// Scale factors of one operand.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ScaleSpec {
     pub granularity: ScaleGranularity,
     pub format: Format,

@@ -766,6 +766,11 @@ impl RunWriter {
         &self.path
     }
 
+    /// Bytes of the file, counting buffered frames.
+    pub fn len_bytes(&self) -> u64 {
+        self.file_len + self.buf.len() as u64
+    }
+
     /// Records in the file, counting buffered ones.
     pub fn records(&self) -> u64 {
         self.records_written + self.buffered_records

@@ -316,6 +316,10 @@ pub struct ClientOptions {
     /// to `backoff_max` (see [`Client`]).
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// Largest size of a `file:` run file or the spool: records beyond are dropped and counted
+    /// (a long run with every call checked must not fill the host's disk). The closing record
+    /// is written whatever the size.
+    pub max_file_bytes: u64,
 }
 
 impl Default for ClientOptions {
@@ -329,6 +333,7 @@ impl Default for ClientOptions {
             write_timeout: Duration::from_secs(2),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_secs(2),
+            max_file_bytes: 4 << 30,
         }
     }
 }
@@ -359,6 +364,19 @@ pub struct ClientStats {
     /// Rounds of the sender thread's loop so far: it rests between them, so this grows with
     /// the records and connection events, never with time alone.
     pub sender_rounds: u64,
+}
+
+/// Why a frame of `payload` bytes may not go into the run file `w`
+/// ([`ClientOptions::max_file_bytes`]; the closing record always may); None when it may.
+fn file_full(opts: &ClientOptions, closing_record: bool, w: &RunWriter, payload: usize) -> Option<String> {
+    let after = w.len_bytes().saturating_add(payload as u64 + 8);
+    (after > opts.max_file_bytes && !closing_record).then(|| {
+        format!(
+            "{} reached its limit of {} bytes: later records are dropped (counted)",
+            w.path().display(),
+            opts.max_file_bytes
+        )
+    })
 }
 
 const PHASE_RUN: u8 = 0;
@@ -837,6 +855,8 @@ struct Sender {
     kept_bytes: usize,
     /// The socket in `sink` is on trial: nothing but the preamble has been written to it.
     trial: Option<Trial>,
+    /// The closing record is being delivered: written past [`ClientOptions::max_file_bytes`].
+    closing_record: bool,
     ever_connected: bool,
     /// When the connection in `sink` was accepted (None while on trial or without one).
     accepted_at: Option<Instant>,
@@ -863,6 +883,7 @@ impl Sender {
             out_records: 0,
             kept_bytes: 0,
             trial: None,
+            closing_record: false,
             ever_connected: false,
             accepted_at: None,
             next_attempt: Instant::now(),
@@ -1007,12 +1028,19 @@ impl Sender {
                     self.write_out();
                 }
             }
-            Sink::File(w) => match w.append(payload) {
-                Ok(()) => {
-                    self.shared.sent.fetch_add(1, Ordering::Relaxed);
+            Sink::File(w) => {
+                let full = file_full(&self.opts, self.closing_record, w, payload.len());
+                if let Some(why) = full {
+                    self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                    return self.note_error(why);
                 }
-                Err(e) => self.writer_failed(e),
-            },
+                match w.append(payload) {
+                    Ok(()) => {
+                        self.shared.sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => self.writer_failed(e),
+                }
+            }
             Sink::None => self.spool_one(payload),
         }
     }
@@ -1022,6 +1050,10 @@ impl Sender {
             self.shared.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        if let Some(why) = file_full(&self.opts, self.closing_record, w, payload.len()) {
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return self.note_error(why);
+        }
         match w.append(payload) {
             Ok(()) => {
                 self.shared.spooled.fetch_add(1, Ordering::Relaxed);
@@ -1440,6 +1472,7 @@ impl Sender {
         while self.pump() > 0 {}
         if let Some(p) = payload {
             if self.has_destination() && self.can_deliver() {
+                self.closing_record = true;
                 self.deliver(&p);
             } else {
                 self.shared.dropped.fetch_add(1, Ordering::Relaxed);

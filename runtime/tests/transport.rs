@@ -473,6 +473,42 @@ fn file_address_writes_a_run_file() {
 }
 
 #[test]
+fn run_files_stop_growing_at_their_limit_and_count_what_they_drop() {
+    // A `file:` run file and a spool: records past `max_file_bytes` are dropped and counted;
+    // the closing record is written whatever the size (the report needs it).
+    let dir = tempfile::tempdir().unwrap();
+    let limit = 1000u64;
+    for spool in [false, true] {
+        let path = dir.path().join(if spool { "spool.qsr" } else { "direct.qsr" });
+        let opts = ClientOptions {
+            preamble: Some(b"session".to_vec()),
+            spool: spool.then(|| path.clone()),
+            max_file_bytes: limit,
+            queue_capacity: 1000,
+            ..fast_options()
+        };
+        let address = match spool {
+            true => Address::Unix(dir.path().join("nobody.sock")),
+            false => Address::File(path.clone()),
+        };
+        let client = Client::start(address, opts);
+        for i in 0..300 {
+            assert!(client.send(rec(i)));
+        }
+        let s = client.close(|d| format!("closing {d}").into_bytes(), Duration::from_secs(2));
+        let written = if spool { s.spooled } else { s.sent };
+        assert_eq!(written + s.dropped, 301, "every record written or counted (spool {spool}): {s:?}");
+        assert!(s.dropped > 250, "{s:?}");
+        let c = read_run_file(&path).unwrap();
+        assert_eq!(c.payloads.len() as u64, written + 1, "the preamble, then what was written");
+        assert!(c.payloads[1..c.payloads.len() - 1].iter().enumerate().all(|(i, p)| *p == rec(i)));
+        assert!(c.payloads.last().unwrap().starts_with(b"closing "), "the closing record, past the limit");
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert!(size <= limit + 8 + 16, "{size} bytes");
+    }
+}
+
+#[test]
 fn reconnects_after_a_collector_restart_and_resends_the_preamble() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("restart.sock");

@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap;
 use sites::{Sampler, Sites};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Per-process engine state.
@@ -114,7 +114,7 @@ struct Stats {
     paused: AtomicU64,
 }
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct CallMeta {
     entry: &'static str,
     problem: ProblemSummary,
@@ -129,36 +129,76 @@ struct CallMeta {
 /// come and go with each checked call, while a captured call's entry must outlive them for as
 /// long as its graph replays (kept together, 8192 later eager calls pushed every graph's
 /// entries out, and their replays' results were dropped as calls no longer remembered).
+/// Captured entries are shared between calls that say the same (a server captures each layer's
+/// GEMMs once per batch size, often twice: ~30 bytes a call beside one shared entry).
 #[derive(Default)]
 struct PendingCalls {
-    eager: MetaBook,
-    captured: MetaBook,
+    eager: MetaBook<CallMeta>,
+    captured: MetaBook<Arc<CallMeta>>,
+    /// The distinct entries of `captured`.
+    shared: rustc_hash::FxHashSet<Arc<CallMeta>>,
+    /// Captured calls forgotten for room (logged once).
+    captured_forgotten: u64,
+}
+
+impl PendingCalls {
+    fn remember_captured(&mut self, call_seq: u64, meta: CallMeta) {
+        let meta = match self.shared.get(&meta) {
+            Some(same) => same.clone(),
+            None => {
+                let meta = Arc::new(meta);
+                self.shared.insert(meta.clone());
+                meta
+            }
+        };
+        if let Some(old) = self.captured.insert(call_seq, meta, CAPTURED_CAP) {
+            // Held by `shared` and `old` alone: no other call says the same any more.
+            if Arc::strong_count(&old) == 2 {
+                self.shared.remove(&old);
+            }
+            self.captured_forgotten += 1;
+            if self.captured_forgotten == 1 {
+                log::warn(&format!(
+                    "more than {CAPTURED_CAP} captured calls checked: the oldest graphs' results go unreported"
+                ));
+            }
+        }
+    }
 }
 
 /// Call entries by sequence number, the oldest forgotten beyond a bound.
-#[derive(Default)]
-struct MetaBook {
-    map: FxHashMap<u64, CallMeta>,
+struct MetaBook<M> {
+    map: FxHashMap<u64, M>,
     order: VecDeque<u64>,
 }
 
-impl MetaBook {
-    fn insert(&mut self, call_seq: u64, meta: CallMeta, cap: usize) {
+impl<M> Default for MetaBook<M> {
+    fn default() -> Self {
+        MetaBook { map: FxHashMap::default(), order: VecDeque::new() }
+    }
+}
+
+impl<M> MetaBook<M> {
+    /// Returns the last entry forgotten for room, if one was still there.
+    fn insert(&mut self, call_seq: u64, meta: M, cap: usize) -> Option<M> {
+        let mut forgotten = None;
         while self.order.len() >= cap {
             if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
+                forgotten = self.map.remove(&old).or(forgotten);
             }
         }
         self.order.push_back(call_seq);
         self.map.insert(call_seq, meta);
+        forgotten
     }
 }
 
 /// Eager calls remembered at most (their results normally come within milliseconds).
 const PENDING_CAP: usize = 8192;
 /// Captured calls remembered at most: every checked GEMM of every graph a server captures
-/// (vLLM: ~67 batch sizes x 7 GEMMs x layers, ~15k for 32 layers), at ~0.2 KB each.
-const CAPTURED_CAP: usize = 65_536;
+/// (vLLM: ~67 batch sizes x 7 GEMMs x layers, twice with piecewise and full graphs: ~75k for
+/// 80 layers), with room for graphs captured again later.
+const CAPTURED_CAP: usize = 1 << 18;
 /// Longest the process exit waits for checks still on the device.
 const EXIT_GRACE: Duration = Duration::from_millis(500);
 /// Skip reason of a call whose check had not reported when the exit's grace ran out.
@@ -937,8 +977,10 @@ impl Engine {
         };
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         match captured {
-            false => p.eager.insert(call_seq, meta, PENDING_CAP),
-            true => p.captured.insert(call_seq, meta, CAPTURED_CAP),
+            false => {
+                p.eager.insert(call_seq, meta, PENDING_CAP);
+            }
+            true => p.remember_captured(call_seq, meta),
         }
     }
 
@@ -948,7 +990,7 @@ impl Engine {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         match p.eager.map.remove(&call_seq) {
             Some(m) => Some(m),
-            None => p.captured.map.get(&call_seq).cloned(),
+            None => p.captured.map.get(&call_seq).map(|m| CallMeta::clone(m)),
         }
     }
 
@@ -1059,13 +1101,14 @@ impl Engine {
                 }
                 Polled::Done(mut o) => {
                     self.settled(o.call_seq);
-                    self.stats.checked.fetch_add(1, Ordering::Relaxed);
                     let Some(CallMeta { entry, problem, site_name, injected, kernel, .. }) =
                         self.call_meta(o.call_seq)
                     else {
                         self.skip("result of a call no longer remembered");
                         continue;
                     };
+                    // Counted with its record: a result without one is a skip, not a check.
+                    self.stats.checked.fetch_add(1, Ordering::Relaxed);
                     let diagnosis = o.diagnosis.take();
                     let failing = !self.config.thresholds.judge(problem.class(), &o.metrics).is_empty();
                     let obs = GemmObservation {
@@ -1385,6 +1428,35 @@ mod tests {
         assert!(engine.call_meta(eager).is_none(), "taken by it");
         assert!(engine.call_meta(eager - PENDING_CAP as u64 - 50).is_none(), "eager entries stay bounded");
         engine.stop.store(true, Ordering::Release);
+    }
+
+    #[test]
+    fn captured_calls_that_say_the_same_share_one_entry_and_the_oldest_go_for_room() {
+        use super::{CallMeta, PendingCalls, CAPTURED_CAP};
+        use crate::formats::Format;
+        use crate::problem::GemmProblem;
+        let meta = |m: u64| CallMeta {
+            entry: "cublasLtMatmul",
+            problem: (&GemmProblem::row_major(m, 4096, 4096, Format::Bf16, Format::Bf16, Format::Bf16))
+                .into(),
+            site_name: Some("model.layers.0.mlp.up_proj".into()),
+            injected: false,
+            kernel: Some("sm90_xmma_gemm".into()),
+        };
+        let mut p = PendingCalls::default();
+        // Two graphs per batch size (piecewise, full) of one layer: two distinct entries.
+        for seq in 0..100 {
+            p.remember_captured(seq, meta(if seq % 2 == 0 { 1 } else { 8 }));
+        }
+        assert_eq!(p.shared.len(), 2);
+        assert!(p.captured.map.get(&3).is_some_and(|m| m.problem.m == 8));
+        // Beyond the bound the oldest calls go; an entry no call says any more goes with them.
+        for seq in 100..CAPTURED_CAP as u64 + 100 {
+            p.remember_captured(seq, meta(16));
+        }
+        assert_eq!((p.captured.map.len(), p.captured_forgotten), (CAPTURED_CAP, 100));
+        assert!(!p.captured.map.contains_key(&99));
+        assert_eq!(p.shared.len(), 1, "only m = 16 is still said");
     }
 
     #[test]

@@ -440,6 +440,16 @@ static TABLE: Table = Table {
 };
 
 impl Table {
+    /// A launch found no room: forwarded unexamined, counted, and said once (a kernel with a
+    /// spec launched from now on goes unchecked, which the listing alone would not tell).
+    fn no_room(&self) {
+        if self.overflow.fetch_add(1, Ordering::Relaxed) == 0 {
+            crate::engine::log::shared_warn(&format!(
+                "more than {TABLE_SIZE} kernels launched: launches of further kernels pass unexamined"
+            ));
+        }
+    }
+
     /// The info of `key` (never 0), made by `make` on first sight. Reads take no lock; the
     /// infos are leaked (bounded by the table size).
     fn get_or_insert(&self, key: usize, make: impl FnOnce() -> KernelInfo) -> Option<&'static KernelInfo> {
@@ -787,11 +797,11 @@ fn on_launch(l: &Launch, real: &RealCall) -> i32 {
     }
     let unloads = UNLOADS.load(Ordering::Acquire);
     let Some(info) = TABLE.get_or_insert(l.handle, || describe(l, st, unloads)) else {
-        TABLE.overflow.fetch_add(1, Ordering::Relaxed);
+        TABLE.no_room();
         return real.call();
     };
     let Some(info) = up_to_date(l, st, info, unloads) else {
-        TABLE.overflow.fetch_add(1, Ordering::Relaxed);
+        TABLE.no_room();
         return real.call();
     };
     info.count(l);

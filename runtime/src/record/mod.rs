@@ -91,7 +91,7 @@ pub struct SessionRecord {
 pub type ScaleSummary = ScaleSpec;
 
 /// What the report needs to know of a problem: shapes, formats, layouts, scales, epilogue.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ProblemSummary {
     pub m: u64,
     pub n: u64,
