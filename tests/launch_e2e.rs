@@ -335,6 +335,24 @@ fn specced_launches_are_checked_and_pass() {
 }
 
 #[test]
+fn sampling_one_in_n_reaches_every_layer_sharing_a_kernel() {
+    // Four layers launch one kernel with one grid, each on its own weight. Sampled 1/4 per
+    // site, each layer is checked (its first call and every 4th after): one counter for the
+    // kernel and grid would check layer 0 alone.
+    let specs = specs_dir("specs");
+    let dir = tempfile::tempdir().unwrap();
+    let plain = app("layers", &[], false);
+    let (out, records) =
+        checked_run(dir.path(), "layers", &[("QUANTSHADOW_SPECS", &specs), ("QUANTSHADOW_SAMPLE", "1/4")]);
+    assert_eq!(stdout(&out), stdout(&plain), "results changed under the shim");
+    let c = closing(&records);
+    assert_eq!(c.calls_seen, 40);
+    let sites: std::collections::BTreeSet<u64> = observations(&records).iter().map(|o| o.site_id).collect();
+    assert_eq!(sites.len(), 4, "every layer checked: {sites:?}, skipped {:?}", c.skipped);
+    assert_eq!(c.checked, 12, "calls 0, 4 and 8 of each layer's 10: {:?}", c.skipped);
+}
+
+#[test]
 fn a_planted_scale_layout_fault_fails_exactly_its_launch() {
     let specs = specs_dir("specs");
     // Launch 6: the second FP8 block-scale launch; launch 8: the second packed A8W8 one.

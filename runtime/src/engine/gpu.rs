@@ -2357,7 +2357,7 @@ fn status_reason(status: u32) -> String {
     } else if status & abi::status::NONLINEAR != 0 {
         "device check: non-linear epilogue in a sketch".into()
     } else if status & abi::status::WEIGHT_CHANGED != 0 {
-        "sketch: the weight (B) changed since its projection; re-projected for the next call".into()
+        "sketch: the weight (B) changed since its projection; re-projected at its next call outside a graph capture (checks captured before report this until captured again)".into()
     } else if status & abi::status::BAD_SCALAR != 0 {
         "device check: d_scale zero or non-finite".into()
     } else {

@@ -648,9 +648,8 @@ impl Engine {
 
     fn gemm<A: GemmArgs>(&'static self, args: &A, real: &RealCall) -> i32 {
         self.stats.calls_seen.fetch_add(1, Ordering::Relaxed);
-        let sampled = self.sampler.take(args.quick_key());
         if PAUSED.load(Ordering::Relaxed) {
-            if sampled {
+            if self.sampler.take(args.quick_key()) {
                 // Atomics only (no lock on this path): folded into the skip counts when read.
                 self.stats.sampled.fetch_add(1, Ordering::Relaxed);
                 self.stats.paused.fetch_add(1, Ordering::Relaxed);
@@ -672,6 +671,9 @@ impl Engine {
         let gated = self.config.sampling != config::Sampling::ALL
             && matches!(self.config.mode, Mode::Check(_))
             && capturing();
+        // A captured call leaves the host's counts alone: its replays are sampled on the
+        // device, and warm-up captures would otherwise use up `first:K` before any eager call.
+        let sampled = !gated && self.sampler.take(args.quick_key());
         // Fault injection and pending diagnoses act on calls the sampling passes over too.
         let extra = self.config.inject.is_some() || self.diagnoses_wanted.load(Ordering::Relaxed) > 0;
         if !sampled && !gated && !extra {
@@ -1351,7 +1353,7 @@ mod tests {
     }
 
     #[test]
-    fn a_captured_calls_entry_outlives_any_number_of_eager_calls() {
+    fn captured_calls_keep_their_entries_and_leave_the_host_sampling_alone() {
         // Results of graph replays find their call's entry however many eager calls were
         // checked since the capture (kept with them, 8192 later eager calls pushed it out and
         // every later replay's result was dropped as "no longer remembered").
@@ -1427,6 +1429,32 @@ mod tests {
         assert!(engine.call_meta(eager).is_some(), "an eager call's one result");
         assert!(engine.call_meta(eager).is_none(), "taken by it");
         assert!(engine.call_meta(eager - PENDING_CAP as u64 - 50).is_none(), "eager entries stay bounded");
+        engine.stop.store(true, Ordering::Release);
+
+        // `first:K`: captures (sampled on the device at each replay) leave the host's count
+        // alone, so the first K eager calls are still checked.
+        let config = Config::from_lookup(|k| match k {
+            "QUANTSHADOW_MODE" => Some("sketch".into()),
+            "QUANTSHADOW_SAMPLE" => Some("first:2,1/100".into()),
+            _ => None,
+        });
+        capturing.store(true, Ordering::Relaxed);
+        let backend = Box::new(Capturing(capturing.clone()));
+        let engine: &'static Engine = Box::leak(Box::new(Engine::assemble(config, Some(backend), 1, 1)));
+        let run = || {
+            let status = Cell::new(None);
+            assert_eq!(engine.gemm(&call, &RealCall::for_test(&real, &status)), 0);
+        };
+        for _ in 0..5 {
+            run();
+        }
+        assert_eq!(engine.stats.sampled.load(Ordering::Relaxed), 5, "every captured call, gated");
+        capturing.store(false, Ordering::Relaxed);
+        for _ in 0..3 {
+            run();
+        }
+        // Calls 0 and 1 (the first 2), then call 2 (the first of each 100 after them).
+        assert_eq!(engine.stats.sampled.load(Ordering::Relaxed), 8, "then the first eager calls");
         engine.stop.store(true, Ordering::Release);
     }
 

@@ -825,12 +825,57 @@ impl GemmArgs for LaunchGemm<'_> {
     fn quick_key(&self) -> u64 {
         let l = self.l;
         let dims = |d: [u32; 3]| (d[0] as u64) | ((d[1] as u64) << 21) | ((d[2] as u64) << 42);
-        KeyHasher::new(l.entry).mix(l.handle as u64).mix(dims(l.grid)).mix(dims(l.block)).finish()
+        // The weight too: the layers of a model share one kernel and grid, and one counter for
+        // all of them would check under `1/N` only the layers at multiples of gcd(layers, N).
+        let weight = self.with_args(|args| self.st.specs.weight_ptr(self.id, &args)).ok().flatten();
+        KeyHasher::new(l.entry)
+            .mix(l.handle as u64)
+            .mix(dims(l.grid))
+            .mix(dims(l.block))
+            .mix(weight.unwrap_or(0))
+            .finish()
     }
 
     fn decode(&self) -> Result<InterceptedGemm, Skip> {
         let l = self.l;
         let name = self.info.name.as_deref().unwrap_or("");
+        let decoded = self.with_args(|args| {
+            let view = LaunchView { name, grid: l.grid, block: l.block, args };
+            self.st.specs.decode(self.id, &view)
+        })?;
+        match decoded {
+            Ok(d) => Ok(InterceptedGemm {
+                entry: l.entry,
+                problem: d.problem,
+                buffers: d.buffers,
+                stream: l.stream,
+                pointer_arrays: None,
+            }),
+            Err(SpecError::Mismatch(why)) => {
+                disable(self.st, self.id, name, &why);
+                Err(Skip::new("kernel spec disabled after a mismatch"))
+            }
+            Err(SpecError::Skip(why)) => Err(Skip::new(why)),
+        }
+    }
+
+    fn stream(&self) -> Option<u64> {
+        Some(self.l.stream)
+    }
+
+    fn label(&self) -> Option<&str> {
+        self.info.name.as_deref()
+    }
+
+    fn kernel(&self) -> Option<String> {
+        self.info.name.clone()
+    }
+}
+
+impl LaunchGemm<'_> {
+    /// `f` of the launch's arguments, as far as their extent is known.
+    fn with_args<R>(&self, f: impl FnOnce(LaunchArgs) -> R) -> Result<R, Skip> {
+        let l = self.l;
         let slices: Vec<&[u8]>;
         let args = if !l.params.is_null() {
             let sizes = self
@@ -859,33 +904,7 @@ impl GemmArgs for LaunchGemm<'_> {
         } else {
             return Err(Skip::new("kernel launch: no arguments"));
         };
-        let view = LaunchView { name, grid: l.grid, block: l.block, args };
-        match self.st.specs.decode(self.id, &view) {
-            Ok(d) => Ok(InterceptedGemm {
-                entry: l.entry,
-                problem: d.problem,
-                buffers: d.buffers,
-                stream: l.stream,
-                pointer_arrays: None,
-            }),
-            Err(SpecError::Mismatch(why)) => {
-                disable(self.st, self.id, name, &why);
-                Err(Skip::new("kernel spec disabled after a mismatch"))
-            }
-            Err(SpecError::Skip(why)) => Err(Skip::new(why)),
-        }
-    }
-
-    fn stream(&self) -> Option<u64> {
-        Some(self.l.stream)
-    }
-
-    fn label(&self) -> Option<&str> {
-        self.info.name.as_deref()
-    }
-
-    fn kernel(&self) -> Option<String> {
-        self.info.name.clone()
+        Ok(f(args))
     }
 }
 

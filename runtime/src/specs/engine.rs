@@ -334,6 +334,12 @@ impl CompiledSpec {
         v.as_ref().map(|v| self.uint(args, field, v)).transpose()
     }
 
+    /// The weight operand's (B's) address alone, where the launch's arguments hold it: what
+    /// tells apart the layers that share one kernel and grid (per-site sampling).
+    pub fn weight_ptr(&self, args: &LaunchArgs) -> Option<u64> {
+        self.ptr(args, "b.ptr", &self.def.b.ptr).ok()
+    }
+
     /// Reads the launch into the problem model.
     pub fn decode(&self, launch: &LaunchView) -> Result<DecodedLaunch, SpecError> {
         let args = &launch.args;

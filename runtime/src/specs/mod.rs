@@ -198,6 +198,12 @@ impl SpecSet {
         self.entries.get(id.0 as usize).is_none_or(|e| e.disabled.load(Ordering::Relaxed))
     }
 
+    /// The weight operand's address of a launch read through spec `id` (None where it cannot
+    /// be read). Reads only bytes inside the launch's slices.
+    pub fn weight_ptr(&self, id: SpecId, args: &LaunchArgs) -> Option<u64> {
+        self.entries.get(id.0 as usize)?.spec.weight_ptr(args)
+    }
+
     /// Reads a launch through spec `id`. Reads only bytes inside the launch's slices; a
     /// disabled or unknown spec is a skip.
     pub fn decode(&self, id: SpecId, launch: &LaunchView) -> Result<DecodedLaunch, SpecError> {

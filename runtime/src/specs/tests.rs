@@ -412,6 +412,25 @@ fn a8w8_fixture_buffer(m: u32, n: u32, k: u32) -> Vec<u8> {
 }
 
 #[test]
+fn the_weight_address_is_read_alone_for_per_site_sampling() {
+    // Layers sharing one kernel and grid are told apart by B's address (the sampling key).
+    let s = set(FIXTURES);
+    let id = s.find("qs_fixture_gemm_bf16").unwrap();
+    let owned: Vec<Vec<u8>> = bf16_params(5, 7, 9).iter().map(bytes).collect();
+    let slices: Vec<&[u8]> = owned.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(s.weight_ptr(id, &LaunchArgs::Indexed(&slices)), Some(0x2000));
+    // Arguments that do not hold it (too few, or packed for an indexed spec): None, no read past them.
+    assert_eq!(s.weight_ptr(id, &LaunchArgs::Indexed(&slices[..1])), None);
+    assert_eq!(s.weight_ptr(id, &LaunchArgs::Packed(&[0u8; 4])), None);
+    let packed = s.find("qs_fixture_a8w8_packed").unwrap();
+    let buf = a8w8_fixture_buffer(16, 64, 96);
+    let b = decode_packed(&s, "qs_fixture_a8w8_packed", &buf).unwrap().buffers.b;
+    assert_eq!(s.weight_ptr(packed, &LaunchArgs::Packed(&buf)), Some(b));
+    assert_eq!(s.weight_ptr(packed, &LaunchArgs::Packed(&buf[..8])), None, "cut short");
+    assert_eq!(s.weight_ptr(SpecId(999), &LaunchArgs::Packed(&buf)), None);
+}
+
+#[test]
 fn decodes_packed_a8w8_fixture() {
     let s = set(FIXTURES);
     let got = decode_packed(&s, "qs_fixture_a8w8_packed", &a8w8_fixture_buffer(16, 64, 96)).unwrap();
