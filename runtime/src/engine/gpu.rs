@@ -1639,12 +1639,9 @@ impl GpuBackend {
                 Some(rule) => abi::DeviceGate::new(state.gates.ptr + 8 * which, rule.first, rule.every),
                 None => abi::DeviceGate::default(),
             };
-            self.checker
-                .reference_sel(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
-                .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
-            if capturing {
-                self.note_check_node(req, run_on, Some(gate_field!(abi::QsRefParams)));
-            }
+            // The compare is prepared before the reference is enqueued: in a capture, a
+            // reference node whose compare never came would advance its gate counter alone at
+            // every replay, and the pair's counters are shared by the site's graphs.
             let request = CompareRequest {
                 d: g.d,
                 m: g.m,
@@ -1660,6 +1657,12 @@ impl GpuBackend {
                 .checker
                 .prepare_compare(&request, &state.compare)
                 .map_err(|e| Skip::new(format!("compare: {}", short(&e.to_string()))))?;
+            self.checker
+                .reference_sel(g, ref_rows, &state.reference, g.n, true, gate(0), run_on)
+                .map_err(|e| Skip::new(format!("reference launch: {}", short(&e.to_string()))))?;
+            if capturing {
+                self.note_check_node(req, run_on, Some(gate_field!(abi::QsRefParams)));
+            }
             let cmp_gate = gate(1);
             prepared.params.gate_ptr = cmp_gate.ptr;
             prepared.params.gate_first = cmp_gate.first;
