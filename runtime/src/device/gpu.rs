@@ -628,6 +628,24 @@ pub struct SketchScratch {
     pub row_stats: Option<DeviceBuffer>,
 }
 
+impl SketchScratch {
+    /// Whether a check of `geometry` fits in these buffers (a check of the scratch's own
+    /// geometry always does). The lean form of a check needs no more than its general one
+    /// (its splits meet in distributed shared memory, not in the partials; its rows' records
+    /// are the sampled rows'), so it fits too.
+    pub fn fits(&self, geometry: &SketchGeometry) -> bool {
+        let (partials, records, counters) = general_needs(geometry);
+        partials <= self.partials.bytes as u64
+            && records <= self.row_records.bytes as u64
+            && counters <= self.counters.bytes as u64
+    }
+}
+
+/// Bytes of partials, row records and counters a check of `geometry` needs.
+fn general_needs(geometry: &SketchGeometry) -> (u64, u64, u64) {
+    (geometry.partials_bytes(), geometry.row_record_bytes(), geometry.counters_bytes())
+}
+
 /// Per-weight sketch state: probe signs, their sums, the bias projection and W_R = B_ref R.
 pub struct SketchWeight {
     pub seed: u64,
@@ -1326,6 +1344,36 @@ impl GpuChecker {
         })
     }
 
+    /// Scratch that any sketch check of up to `max_rows` sampled rows and `k` probes fits (any
+    /// K and N, general or lean kernel: [`SketchScratch::fits`]), for checks that run one after
+    /// another on one stream.
+    pub fn sketch_scratch_up_to(&self, max_rows: u64, k: u32) -> Result<SketchScratch, DeviceError> {
+        let wide = u64::MAX >> 16; // K and N at their widest: the most splits
+        let (sms, warp) = (self.info.multiprocessors, self.info.warp_size);
+        let mut most = (0u64, 0u64, 0u64);
+        let mut largest = SketchGeometry::new(1, wide, wide, k, sms, warp).map_err(abi_err)?;
+        for rows in 1..=max_rows.max(1) {
+            let geometry = SketchGeometry::new(rows, wide, wide, k, sms, warp).map_err(abi_err)?;
+            let general = general_needs(&geometry);
+            if general.0 > most.0 {
+                largest = geometry;
+            }
+            most = (most.0.max(general.0), most.1.max(general.1), most.2.max(general.2));
+        }
+        let bytes = |b: u64| {
+            usize::try_from(b).map_err(|_| DeviceError::Unsupported(format!("{b} bytes of scratch")))
+        };
+        Ok(SketchScratch {
+            partials: self.alloc(bytes(most.0)?)?,
+            totals: self.alloc_zeroed(largest.totals_bytes() as usize)?,
+            row_records: self.alloc(bytes(most.1)?)?,
+            counters: self.alloc_zeroed(bytes(most.2)?)?,
+            status: self.alloc_zeroed(4)?,
+            row_stats: None,
+            geometry: largest,
+        })
+    }
+
     /// One fused sketch check resolved once: every launch of it is one driver call, writes a
     /// fresh ring slot and advances the row epoch on the device (so graph replays rotate rows).
     #[allow(clippy::too_many_arguments)]
@@ -1357,7 +1405,28 @@ impl GpuChecker {
         tag: (u64, u64),
         captured: bool,
     ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
-        let mut params = self.sketch_params(g, rows, weight, scratch, tag);
+        self.prepare_sketch_check_in(entries, g, rows, weight, scratch, &scratch.geometry, tag, captured)
+    }
+
+    /// [`Self::prepare_sketch_check_with`] in `scratch` with the launch of `geometry`, which
+    /// the scratch must fit ([`SketchScratch::fits`]): a scratch shared by checks of several
+    /// sizes that run one after another.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_sketch_check_in(
+        &self,
+        entries: SketchEntries,
+        g: &QsGemmDesc,
+        rows: QsRowSel,
+        weight: &SketchWeight,
+        scratch: &SketchScratch,
+        geometry: &SketchGeometry,
+        tag: (u64, u64),
+        captured: bool,
+    ) -> Result<PreparedLaunch<QsSketchParams>, DeviceError> {
+        if !scratch.fits(geometry) {
+            return Err(DeviceError::Unsupported("sketch scratch smaller than the check".into()));
+        }
+        let mut params = self.sketch_params(g, rows, weight, scratch, geometry, tag);
         let (function, config) = match (weight.wfrag.as_ref(), entries.lean) {
             (Some(wfrag), Some(lean)) if self.sketch_takes_lean(g, weight, rows.count, captured) => {
                 params.wfrag_ptr = wfrag.ptr;
@@ -1365,7 +1434,7 @@ impl GpuChecker {
                 params.rows_per_group = abi::LEAN_ROWS as u32;
                 (lean, abi::lean_sketch_launch(rows.count).map_err(abi_err)?)
             }
-            _ => (entries.check, scratch.geometry.launch),
+            _ => (entries.check, geometry.launch),
         };
         Ok(PreparedLaunch { function, config, params, early_start: !captured && self.early_start() })
     }
@@ -1395,10 +1464,10 @@ impl GpuChecker {
         rows: QsRowSel,
         weight: &SketchWeight,
         scratch: &SketchScratch,
+        geo: &SketchGeometry,
         tag: (u64, u64),
     ) -> QsSketchParams {
         let ring = self.ring_desc();
-        let geo = &scratch.geometry;
         QsSketchParams {
             g: g.sketch_view(),
             rows,
@@ -1458,7 +1527,7 @@ impl GpuChecker {
         }
         let config = abi::lean_sketch_launch(rows.count).map_err(abi_err)?;
         let layout = abi::SplitLayout::new(rows.count, weight.kp);
-        let mut finish = self.sketch_params(g, rows, weight, scratch, tag);
+        let mut finish = self.sketch_params(g, rows, weight, scratch, &scratch.geometry, tag);
         finish.wfrag_ptr = wfrag.ptr;
         finish.splits = abi::LEAN_SPLITS as u32;
         finish.rows_per_group = abi::LEAN_ROWS as u32;

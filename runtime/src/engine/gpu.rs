@@ -195,6 +195,17 @@ struct SiteGpu {
 /// The warning about released kept projections is given once.
 static KEPT_OVERFLOW_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// (stream, the thread for a per-thread default stream, padded probes).
+type StreamScratchKey = (u64, Option<std::thread::ThreadId>, u32);
+
+/// Row counts of a site with scratch of their own (eager checks set them up, later captures of
+/// those sizes use them); eager checks of further counts use their stream's scratch.
+const ROW_STATES_PER_SITE: usize = 8;
+/// Streams with a scratch for eager checks of any site ([`GpuBackend::stream_scratch`]).
+const STREAM_SCRATCH_MAX: usize = 64;
+/// Sampled rows a stream's scratch is made for (more: the site's own scratch, or a skip).
+const STREAM_SCRATCH_ROWS: u64 = 1024;
+
 /// Streams a site's projection remembers its checks on ([`SiteGpu::weight_streams`]).
 const WEIGHT_STREAMS_MAX: usize = 8;
 
@@ -720,6 +731,11 @@ pub struct GpuBackend {
     split_buffers: Mutex<EagerSnapshots>,
     /// Scratch of eager detached checks per shape, shared by its sites.
     eager_scratch: Mutex<FxHashMap<ShapeKey, Arc<SketchScratch>>>,
+    /// Scratch of eager checks on their caller's stream beyond a site's first
+    /// [`ROW_STATES_PER_SITE`] row counts, per (stream, thread for a per-thread default stream,
+    /// padded probes): one stream's checks run one after another, so any site and row count
+    /// can use it.
+    stream_scratch: Mutex<FxHashMap<StreamScratchKey, Arc<SketchScratch>>>,
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
     /// lock).
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
@@ -824,6 +840,7 @@ impl GpuBackend {
             eager_snapshots: Mutex::default(),
             split_buffers: Mutex::default(),
             eager_scratch: Mutex::default(),
+            stream_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
             largest_weights: Mutex::default(),
@@ -1075,22 +1092,48 @@ impl GpuBackend {
             }
         }
         let key = sample.count;
+        // An eager check without a device gate needs no state of its own row count: beyond the
+        // site's first few (which later captures of those sizes use), or where the pool holds
+        // no more, it runs in its stream's scratch (a server's changing batch sizes would
+        // otherwise set up ~1.5 MB per site and size, and soon find the pool full).
+        let plain_eager = !capturing && req.device_gate.is_none();
+        let mut in_stream = None;
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_rows.contains_key(&key) {
             if capturing {
                 return Err(Skip::new(CAPTURE_NEW_ROW_COUNT));
             }
-            let scratch = self
-                .checker
-                .sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)
-                .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-            let gates = self
-                .checker
-                .alloc_zeroed(16)
-                .map_err(|e| Skip::new(format!("sketch set-up: {}", pool_reason(&e))))?;
-            site.sketch_rows.insert(key, SketchRowState { scratch, gates });
+            let set_up = || -> Result<SketchRowState, crate::device::DeviceError> {
+                let scratch =
+                    self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)?;
+                Ok(SketchRowState { scratch, gates: self.checker.alloc_zeroed(16)? })
+            };
+            let own = (!plain_eager || site.sketch_rows.len() < ROW_STATES_PER_SITE).then(set_up);
+            match own {
+                Some(Ok(state)) => {
+                    site.sketch_rows.insert(key, state);
+                }
+                Some(Err(e)) if !plain_eager => {
+                    return Err(Skip::new(format!("sketch set-up: {}", pool_reason(&e))));
+                }
+                _ => in_stream = Some(self.stream_scratch(stream, g, req, &sample)?),
+            }
         }
         let weight = site.weight.as_ref().expect("set above");
+        if let Some((scratch, geometry)) = &in_stream {
+            let rows = eager_rows(&sample, &mut site.eager_epoch);
+            let tag = (req.site_id, req.call_seq);
+            let mut prepared = self
+                .checker
+                .prepare_sketch_check_in(entries, g, rows, weight, scratch, geometry, tag, false)
+                .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
+            // An early start could overlap the stream's previous check, which used this scratch.
+            prepared.early_start = false;
+            self.checker
+                .launch_prepared(&prepared, stream)
+                .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
+            return Ok(());
+        }
         let SketchRowState { scratch, gates } = &site.sketch_rows[&key];
         let rows = if capturing || req.device_gate.is_some() {
             // Each replay draws new rows; a gated check advances the count only when it runs.
@@ -1124,6 +1167,51 @@ impl GpuBackend {
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
         self.note_check_node(req, stream, Some(gate_field!(abi::QsSketchParams)));
         Ok(())
+    }
+
+    /// The scratch of eager checks on `stream` that have none of their own, and the geometry of
+    /// this call's check in it. Made on the stream's first such check, for up to the configured
+    /// sampled rows a call; a check of more rows than that (or a pool that cannot hold it) is a
+    /// skip.
+    fn stream_scratch(
+        &self,
+        stream: Stream,
+        g: &QsGemmDesc,
+        req: &CheckRequest,
+        sample: &RowSample,
+    ) -> Result<(Arc<SketchScratch>, crate::device::abi::SketchGeometry), Skip> {
+        let fail = |e: crate::device::DeviceError| Skip::new(format!("sketch set-up: {}", pool_reason(&e)));
+        let info = &self.checker.info;
+        let geometry = crate::device::abi::SketchGeometry::new(
+            sample.count,
+            g.k,
+            g.n,
+            req.sketch.probes,
+            info.multiprocessors,
+            info.warp_size,
+        )
+        .map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        // A per-thread default stream is another stream on every thread.
+        let thread = (stream == PER_THREAD_STREAM).then(|| std::thread::current().id());
+        let key = (stream.0, thread, geometry.kp);
+        let mut shared = self.stream_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = match shared.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                if shared.len() >= STREAM_SCRATCH_MAX {
+                    return Err(Skip::new("sketch set-up: scratch of too many streams"));
+                }
+                let max_rows = req.sketch.rows_per_call.min(STREAM_SCRATCH_ROWS);
+                let s =
+                    Arc::new(self.checker.sketch_scratch_up_to(max_rows, req.sketch.probes).map_err(fail)?);
+                shared.insert(key, s.clone());
+                s
+            }
+        };
+        if !scratch.fits(&geometry) {
+            return Err(Skip::new("sketch set-up: more sampled rows than a stream's scratch holds"));
+        }
+        Ok((scratch, geometry))
     }
 
     /// The scratch of eager checks off the caller's stream (detached, or split) of one shape,
@@ -2462,6 +2550,90 @@ mod tests {
             graph_select: false,
             side_stream: false,
             kernels: Default::default(),
+        }
+    }
+
+    #[test]
+    fn eager_checks_beyond_a_sites_first_row_counts_share_their_streams_scratch() {
+        // A server's batch sizes change from step to step: past its first ROW_STATES_PER_SITE
+        // row counts, a site's eager checks run in their stream's scratch (no set-up of their
+        // own), and two sites on one stream share it.
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let thresholds = crate::thresholds::Thresholds::default();
+        let (first, second) = (bf16_call(&rt, (40, 256, 512)), bf16_call(&rt, (40, 256, 512)));
+        let check = |call: &crate::intercept::InterceptedGemm, m: u64, stream: u64| -> Vec<String> {
+            let mut call = call.clone();
+            (call.problem.m, call.stream) = (m, stream);
+            let req = CheckRequest::sketch_for_test(&call, &thresholds);
+            rt.take_log();
+            backend.after_call(&req, PreCall::default()).unwrap_or_else(|s| panic!("m = {m}: {}", s.0));
+            let checks = |l: &String| {
+                l.starts_with("launch qs_sketch_check") || l.starts_with("launch qs_sketch_lean")
+            };
+            rt.take_log().into_iter().filter(checks).collect()
+        };
+        for m in 1..=30 {
+            assert_eq!(check(&first, m, 7).len(), 1, "m = {m}: one check launched");
+            assert_eq!(check(&second, m, 7).len(), 1, "m = {m}");
+        }
+        let states = |call: &crate::intercept::InterceptedGemm| {
+            let id = CheckRequest::sketch_for_test(call, &thresholds).site_id;
+            backend.sites.lock().unwrap()[&id].sketch_rows.len()
+        };
+        assert_eq!((states(&first), states(&second)), (ROW_STATES_PER_SITE, ROW_STATES_PER_SITE));
+        assert_eq!(backend.stream_scratch.lock().unwrap().len(), 1, "one scratch for the stream");
+        // A row count with a state of its own keeps using it; another stream has its own
+        // scratch, and so has the per-thread default stream on each thread.
+        check(&first, 3, 7);
+        check(&first, 25, 9);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| check(&first, 26, PER_THREAD_STREAM.0));
+            }
+        });
+        assert_eq!(backend.stream_scratch.lock().unwrap().len(), 4);
+        assert_eq!(states(&first), ROW_STATES_PER_SITE);
+    }
+
+    #[test]
+    fn a_streams_scratch_holds_every_check_up_to_its_rows() {
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        let backend = GpuBackend::new(rt, "fake", &settings).unwrap();
+        let info = &backend.checker.info;
+        for probes in [8, 16, 32] {
+            let scratch = backend.checker.sketch_scratch_up_to(256, probes).unwrap();
+            for rows in 1..=256 {
+                for (k, n) in [(1, 1), (64, 64), (512, 256), (4096, 4096), (4096, 14336), (1 << 20, 1 << 20)]
+                {
+                    let geometry = crate::device::abi::SketchGeometry::new(
+                        rows,
+                        k,
+                        n,
+                        probes,
+                        info.multiprocessors,
+                        info.warp_size,
+                    )
+                    .unwrap();
+                    assert!(scratch.fits(&geometry), "{rows} rows of {k} x {n}, k = {probes}");
+                    let own = backend.checker.sketch_scratch(rows, k, n, probes, false).unwrap();
+                    assert!(own.fits(&geometry), "a check's own scratch holds it");
+                }
+            }
+            let beyond = crate::device::abi::SketchGeometry::new(
+                4096,
+                64,
+                64,
+                probes,
+                info.multiprocessors,
+                info.warp_size,
+            )
+            .unwrap();
+            assert!(!scratch.fits(&beyond), "more rows than it was made for");
         }
     }
 

@@ -18,6 +18,11 @@ for b in base main; do
   grep -E "^\*\*Verdict|^- Calls" $W/ceo_$b/report.md | cut -c1-300
   grep -E "^\| ceo-" -m1 $W/ceo_$b/report.md | cut -c1-300
 done
+step "varied_batch.py: one site at 300 batch sizes, eager (expect 1800 checked, PASS, no pool skips)"
+python3 tests/gpu/varied_batch.py $W/vb_plain.json; echo "plain rc $?"
+quantshadow run --mode sketch --sample all --label varied-batch --out $W/vb -- python3 tests/gpu/varied_batch.py $W/vb_shim.json > $W/vb.txt 2>&1
+echo "shim rc $?; outputs $(same $W/vb_plain.json $W/vb_shim.json)"
+grep -E "^\*\*Verdict|^- Calls" $W/vb/report.md | cut -c1-400
 step "long_replay.py: a graph's replays keep reporting after 9000 eager checks (expect 12 + 9000 + 100 observations, no 'no longer remembered')"
 python3 tests/gpu/long_replay.py $W/lr_plain.json; echo "plain rc $?"
 quantshadow run --mode sketch --sample all --label long-replay --out $W/lr -- python3 tests/gpu/long_replay.py $W/lr_shim.json > $W/lr.txt 2>&1
