@@ -815,6 +815,24 @@ impl GpuChecker {
         self.pool.as_ref()
     }
 
+    /// Whether the pool has room for set-ups that only later calls may use (its last quarter is
+    /// kept for what every new site needs: its weight projection). True without a pool.
+    pub fn room_for_extras(&self) -> bool {
+        self.pool.as_ref().is_none_or(|p| {
+            let s = p.stats();
+            s.in_use <= s.capacity / 4 * 3
+        })
+    }
+
+    /// Gives `scratch` back to the pool once the work enqueued on `stream` so far has run (a
+    /// check may still be using it); never waits.
+    pub fn retire_scratch(&self, scratch: SketchScratch, stream: Stream) {
+        let SketchScratch { partials, totals, row_records, counters, status, row_stats, .. } = scratch;
+        let mut buffers = vec![partials, totals, row_records, counters, status];
+        buffers.extend(row_stats);
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).hold(self.runtime.as_ref(), stream, buffers);
+    }
+
     pub fn registry(&self) -> &KernelRegistry {
         &self.registry
     }
@@ -1370,6 +1388,8 @@ impl GpuChecker {
             counters: self.alloc_zeroed(bytes(most.2)?)?,
             status: self.alloc_zeroed(4)?,
             row_stats: None,
+            // Of the largest partials only (not what each buffer was sized by): its checks
+            // name their own geometry (`prepare_sketch_check_in`).
             geometry: largest,
         })
     }

@@ -208,9 +208,9 @@ pub trait Backend: Send + Sync {
     fn context_destroyed(&self, _ctx: u64) -> bool {
         false
     }
-    /// The destroy of `ctx` announced by [`Backend::context_destroyed`] failed: backends
-    /// retired for it serve again.
-    fn context_destroy_failed(&self, _ctx: u64) {}
+    /// The destroy of `ctx` announced by [`Backend::context_destroyed`] returned; if it failed
+    /// (`ok` false), the backends it retired serve again.
+    fn context_destroy_returned(&self, _ctx: u64, _ok: bool) {}
     /// Whether the backend was made in its device's primary context (None: unknown).
     fn in_primary_context(&self) -> Option<bool> {
         None

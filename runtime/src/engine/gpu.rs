@@ -190,17 +190,24 @@ struct SiteGpu {
     /// their numbers before the site's lock, so a call that re-projects may come after checks
     /// of higher numbers that still read the old projection ([`WeightChanges::projected_from`]).
     latest_call: Option<u64>,
+    /// Row counts whose eager checks ran in their stream's scratch (bounded).
+    shared_counts: rustc_hash::FxHashSet<u64>,
 }
 
 /// The warning about released kept projections is given once.
 static KEPT_OVERFLOW_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// (stream, the thread for a per-thread default stream, padded probes).
-type StreamScratchKey = (u64, Option<std::thread::ThreadId>, u32);
+/// (stream, padded probes).
+type StreamScratchKey = (u64, u32);
 
-/// Row counts of a site with scratch of their own (eager checks set them up, later captures of
-/// those sizes use them); eager checks of further counts use their stream's scratch.
-const ROW_STATES_PER_SITE: usize = 8;
+/// Row counts of a site with scratch of their own (eager checks set them up while the pool has
+/// room, [`crate::device::gpu::GpuChecker::room_for_extras`]; later captures of those sizes use
+/// them); eager checks of further counts use their stream's scratch. Above the ~35 row counts
+/// a server's captured batch sizes come to (counts stop at the sampled rows, 256).
+const ROW_STATES_PER_SITE: usize = 64;
+/// Row counts a site remembers having checked in a stream's scratch (a capture of one is then
+/// skipped with [`CAPTURE_NO_ROOM_FOR_ROW_COUNT`]).
+const SHARED_COUNTS_MAX: usize = 1024;
 /// Streams with a scratch for eager checks of any site ([`GpuBackend::stream_scratch`]).
 const STREAM_SCRATCH_MAX: usize = 64;
 /// Sampled rows a stream's scratch is made for (more: the site's own scratch, or a skip).
@@ -663,6 +670,9 @@ const CAPTURE_STALE_WEIGHT: &str =
 /// The site was seen outside captures, but not with this number of sampled rows (batch size).
 const CAPTURE_NEW_ROW_COUNT: &str =
     "graph capture: this row count of the site was never seen outside a capture (run that batch size once first)";
+/// A captured call of a row count whose eager calls ran in their stream's scratch.
+const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str =
+    "graph capture: no state of this row count was set up (the device pool was near full when its eager calls ran)";
 /// In-place calls (D aliases C): no copy buffer of this size yet.
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
@@ -731,10 +741,10 @@ pub struct GpuBackend {
     split_buffers: Mutex<EagerSnapshots>,
     /// Scratch of eager detached checks per shape, shared by its sites.
     eager_scratch: Mutex<FxHashMap<ShapeKey, Arc<SketchScratch>>>,
-    /// Scratch of eager checks on their caller's stream beyond a site's first
-    /// [`ROW_STATES_PER_SITE`] row counts, per (stream, thread for a per-thread default stream,
-    /// padded probes): one stream's checks run one after another, so any site and row count
-    /// can use it.
+    /// Scratch of eager checks on their caller's stream that have none of their own (past a
+    /// site's first [`ROW_STATES_PER_SITE`] row counts, or with the pool near full), per
+    /// (stream, padded probes): one stream's checks run one after another, so any site and row
+    /// count can use it. A destroyed stream's goes back to the pool behind its last check.
     stream_scratch: Mutex<FxHashMap<StreamScratchKey, Arc<SketchScratch>>>,
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
     /// lock).
@@ -965,6 +975,7 @@ impl GpuBackend {
                     c_saved: None,
                     weight_streams: Some(Vec::new()),
                     latest_call: None,
+                    shared_counts: Default::default(),
                 },
             );
         }
@@ -1101,22 +1112,35 @@ impl GpuBackend {
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
         if !site.sketch_rows.contains_key(&key) {
             if capturing {
-                return Err(Skip::new(CAPTURE_NEW_ROW_COUNT));
+                return Err(Skip::new(match site.shared_counts.contains(&key) {
+                    true => CAPTURE_NO_ROOM_FOR_ROW_COUNT,
+                    false => CAPTURE_NEW_ROW_COUNT,
+                }));
             }
             let set_up = || -> Result<SketchRowState, crate::device::DeviceError> {
                 let scratch =
                     self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)?;
                 Ok(SketchRowState { scratch, gates: self.checker.alloc_zeroed(16)? })
             };
-            let own = (!plain_eager || site.sketch_rows.len() < ROW_STATES_PER_SITE).then(set_up);
-            match own {
-                Some(Ok(state)) => {
-                    site.sketch_rows.insert(key, state);
-                }
-                Some(Err(e)) if !plain_eager => {
-                    return Err(Skip::new(format!("sketch set-up: {}", pool_reason(&e))));
-                }
-                _ => in_stream = Some(self.stream_scratch(stream, g, req, &sample)?),
+            let roomy = site.sketch_rows.len() < ROW_STATES_PER_SITE && self.checker.room_for_extras();
+            let shared = match plain_eager && !roomy {
+                true => self.stream_scratch(stream, g, req, &sample).ok(),
+                false => None,
+            };
+            match shared {
+                Some(s) => in_stream = Some(s),
+                None => match set_up() {
+                    Ok(state) => {
+                        site.sketch_rows.insert(key, state);
+                    }
+                    Err(e) => match plain_eager.then(|| self.stream_scratch(stream, g, req, &sample)) {
+                        Some(Ok(s)) => in_stream = Some(s),
+                        _ => return Err(Skip::new(format!("sketch set-up: {}", pool_reason(&e)))),
+                    },
+                },
+            }
+            if in_stream.is_some() && site.shared_counts.len() < SHARED_COUNTS_MAX {
+                site.shared_counts.insert(key);
             }
         }
         let weight = site.weight.as_ref().expect("set above");
@@ -1191,9 +1215,12 @@ impl GpuBackend {
             info.warp_size,
         )
         .map_err(|e| Skip::new(format!("sketch: {e}")))?;
-        // A per-thread default stream is another stream on every thread.
-        let thread = (stream == PER_THREAD_STREAM).then(|| std::thread::current().id());
-        let key = (stream.0, thread, geometry.kp);
+        // A per-thread default stream is another stream on every thread, and no hook tells
+        // when one ends: its checks keep their own scratch.
+        if stream == PER_THREAD_STREAM {
+            return Err(Skip::new("sketch set-up: no shared scratch on a per-thread default stream"));
+        }
+        let key = (stream.0, geometry.kp);
         let mut shared = self.stream_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = match shared.get(&key) {
             Some(s) => s.clone(),
@@ -1346,6 +1373,11 @@ impl GpuBackend {
         if !detached.contains_key(&sample.count) {
             if capturing {
                 // Set-up allocates zeroed scratch and events: only outside a capture.
+                return Detach::OnStream;
+            }
+            if !self.sketch_detach.detaches_eager() && !self.checker.room_for_extras() {
+                // Only for later captures, which a pool near full cannot serve anyway: a
+                // server's changing batch sizes must not take what new sites need.
                 return Detach::OnStream;
             }
             match self.detached_setup(g, sample.count, req.sketch.probes) {
@@ -2334,6 +2366,21 @@ impl Backend for GpuBackend {
 
     fn stream_destroyed(&self, stream: u64) {
         let stream = Stream(stream);
+        // Its scratch may not serve a later stream of the same handle while the last check
+        // here still runs (their counters would mix): it goes once that check has run.
+        let scratches: Vec<Arc<SketchScratch>> = {
+            let mut shared = self.stream_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<StreamScratchKey> = shared.keys().filter(|k| k.0 == stream.0).copied().collect();
+            keys.iter().filter_map(|k| shared.remove(k)).collect()
+        };
+        for scratch in scratches {
+            match Arc::try_unwrap(scratch) {
+                Ok(scratch) => self.checker.retire_scratch(scratch, stream),
+                // A check being prepared right now holds it too: never given back (its last
+                // holder cannot know when the GPU is done with it).
+                Err(shared) => std::mem::forget(shared),
+            }
+        }
         // A copy pending on it (a capture never ended) can never be added.
         if self.copies.lock().unwrap_or_else(|e| e.into_inner()).take(stream.0).is_some() {
             super::note_skip(COPY_DROPPED);
@@ -2555,47 +2602,66 @@ mod tests {
 
     #[test]
     fn eager_checks_beyond_a_sites_first_row_counts_share_their_streams_scratch() {
-        // A server's batch sizes change from step to step: past its first ROW_STATES_PER_SITE
-        // row counts, a site's eager checks run in their stream's scratch (no set-up of their
-        // own), and two sites on one stream share it.
-        let rt = Arc::new(FakeRuntime::with_kernels());
-        let mut settings = fake_settings();
-        settings.pool_bytes = 64 << 20;
-        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
-        let thresholds = crate::thresholds::Thresholds::default();
-        let (first, second) = (bf16_call(&rt, (40, 256, 512)), bf16_call(&rt, (40, 256, 512)));
-        let check = |call: &crate::intercept::InterceptedGemm, m: u64, stream: u64| -> Vec<String> {
-            let mut call = call.clone();
-            (call.problem.m, call.stream) = (m, stream);
-            let req = CheckRequest::sketch_for_test(&call, &thresholds);
-            rt.take_log();
-            backend.after_call(&req, PreCall::default()).unwrap_or_else(|s| panic!("m = {m}: {}", s.0));
-            let checks = |l: &String| {
-                l.starts_with("launch qs_sketch_check") || l.starts_with("launch qs_sketch_lean")
+        // A server's batch sizes change from step to step: past a site's first
+        // ROW_STATES_PER_SITE row counts (or once the pool is three quarters full), its eager
+        // checks run in their stream's scratch, which two sites on one stream share.
+        for pool_mib in [256, 16] {
+            let rt = Arc::new(FakeRuntime::with_kernels());
+            let mut settings = fake_settings();
+            settings.pool_bytes = pool_mib << 20;
+            let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+            let thresholds = crate::thresholds::Thresholds::default();
+            let (first, second) = (bf16_call(&rt, (80, 256, 512)), bf16_call(&rt, (80, 256, 512)));
+            let site_of = |call: &crate::intercept::InterceptedGemm| crate::engine::sites::Sites::id_of(call);
+            let check = |call: &crate::intercept::InterceptedGemm, m: u64, stream: u64| {
+                let mut call = call.clone();
+                (call.problem.m, call.stream) = (m, stream);
+                let req = CheckRequest {
+                    site_id: site_of(&call),
+                    ..CheckRequest::sketch_for_test(&call, &thresholds)
+                };
+                rt.take_log();
+                let checked = backend.after_call(&req, PreCall::default());
+                let checks = |l: &String| {
+                    l.starts_with("launch qs_sketch_check") || l.starts_with("launch qs_sketch_lean")
+                };
+                (checked, rt.take_log().into_iter().filter(checks).count())
             };
-            rt.take_log().into_iter().filter(checks).collect()
-        };
-        for m in 1..=30 {
-            assert_eq!(check(&first, m, 7).len(), 1, "m = {m}: one check launched");
-            assert_eq!(check(&second, m, 7).len(), 1, "m = {m}");
-        }
-        let states = |call: &crate::intercept::InterceptedGemm| {
-            let id = CheckRequest::sketch_for_test(call, &thresholds).site_id;
-            backend.sites.lock().unwrap()[&id].sketch_rows.len()
-        };
-        assert_eq!((states(&first), states(&second)), (ROW_STATES_PER_SITE, ROW_STATES_PER_SITE));
-        assert_eq!(backend.stream_scratch.lock().unwrap().len(), 1, "one scratch for the stream");
-        // A row count with a state of its own keeps using it; another stream has its own
-        // scratch, and so has the per-thread default stream on each thread.
-        check(&first, 3, 7);
-        check(&first, 25, 9);
-        std::thread::scope(|s| {
-            for _ in 0..2 {
-                s.spawn(|| check(&first, 26, PER_THREAD_STREAM.0));
+            for m in 1..=70 {
+                for site in [&first, &second] {
+                    let (checked, launched) = check(site, m, 7);
+                    checked.unwrap_or_else(|s| panic!("{pool_mib} MiB, m = {m}: {}", s.0));
+                    assert_eq!(launched, 1, "{pool_mib} MiB, m = {m}: one check launched");
+                }
             }
-        });
-        assert_eq!(backend.stream_scratch.lock().unwrap().len(), 4);
-        assert_eq!(states(&first), ROW_STATES_PER_SITE);
+            let (own, shared) = {
+                let sites = backend.sites.lock().unwrap();
+                let s = &sites[&site_of(&first)];
+                (s.sketch_rows.len(), s.shared_counts.len())
+            };
+            assert_eq!(own + shared, 70, "{pool_mib} MiB");
+            assert!(own <= ROW_STATES_PER_SITE && shared > 0, "{pool_mib} MiB: {own} own, {shared} shared");
+            let pool = backend.checker.pool().unwrap().stats();
+            assert!(pool.in_use <= pool.capacity, "{pool:?}");
+            assert_eq!(backend.stream_scratch.lock().unwrap().len(), 1, "one scratch for the stream");
+            // Another stream has its own; a per-thread default stream's checks keep their own
+            // scratch (no hook tells when one ends).
+            check(&first, 75, 9).0.unwrap();
+            let _ = check(&first, 76, PER_THREAD_STREAM.0);
+            assert_eq!(backend.stream_scratch.lock().unwrap().len(), 2);
+            // A capture of a row count checked in the stream's scratch says why it is skipped.
+            let shared_count =
+                *backend.sites.lock().unwrap()[&site_of(&first)].shared_counts.iter().next().unwrap();
+            rt.begin_capture(Stream(7));
+            let skip = check(&first, shared_count, 7).0.expect_err("no state of its own");
+            assert_eq!(skip.0, CAPTURE_NO_ROOM_FOR_ROW_COUNT);
+            rt.end_capture(Stream(7));
+            // A destroyed stream's scratch goes back to the pool once its last check has run.
+            let held = backend.checker.held_sets();
+            backend.stream_destroyed(9);
+            assert_eq!(backend.stream_scratch.lock().unwrap().len(), 1);
+            assert_eq!(backend.checker.held_sets(), held + 1, "held behind the stream's work");
+        }
     }
 
     #[test]

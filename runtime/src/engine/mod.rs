@@ -385,8 +385,8 @@ pub fn on_device_reset(device: Option<i32>) -> bool {
 
 /// The host is about to destroy context `ctx` (`cuCtxDestroy`): backends made in it are
 /// retired, as after a device reset.
-/// Returns whether one was (the hook then tells [`on_context_destroy_failed`] if the destroy
-/// fails).
+/// Returns whether one was (the hook then tells [`on_context_destroy_returned`] how the
+/// destroy went).
 pub fn on_context_destroy(ctx: u64) -> bool {
     let retired = lifetime_backend().is_some_and(|b| b.context_destroyed(ctx));
     if retired {
@@ -395,11 +395,11 @@ pub fn on_context_destroy(ctx: u64) -> bool {
     retired
 }
 
-/// The destroy of `ctx` announced by [`on_context_destroy`] failed: what it retired serves
-/// again.
-pub fn on_context_destroy_failed(ctx: u64) {
+/// The destroy of `ctx` announced by [`on_context_destroy`] returned: if it failed (`ok`
+/// false), what it retired serves again.
+pub fn on_context_destroy_returned(ctx: u64, ok: bool) {
     if let Some(b) = lifetime_backend() {
-        b.context_destroy_failed(ctx);
+        b.context_destroy_returned(ctx, ok);
     }
 }
 

@@ -46,7 +46,14 @@ pub struct PerDevice<B: Backend> {
     /// handles are gone, so they are never used again and never dropped (a drop would hand the
     /// driver handles of the destroyed context). The device's next call starts a new one.
     reset: Mutex<Vec<(i32, Arc<B>)>>,
+    /// (context, backend) retired by the latest context destroys, until the destroy returns:
+    /// one that fails gives back exactly these (a handle value may be reused, and an older
+    /// backend of the same value is dead for good). Bounded; oldest first.
+    destroying: Mutex<std::collections::VecDeque<(u64, usize)>>,
 }
+
+/// Context destroys remembered until their result ([`PerDevice::destroying`]).
+const DESTROYS_REMEMBERED: usize = 16;
 
 /// Resets of one device after which its backend is started again; past it the device's calls
 /// pass through (each reset leaves its old backend's host memory behind).
@@ -70,6 +77,7 @@ impl<B: Backend + 'static> PerDevice<B> {
             starting: Mutex::new(HashSet::new()),
             first_device: Mutex::new(Some(first.device())),
             reset: Mutex::new(Vec::new()),
+            destroying: Mutex::default(),
         };
         per.devices.write().unwrap_or_else(|e| e.into_inner()).insert(ordinal, Arc::new(first));
         Ok(per)
@@ -254,10 +262,26 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
             .filter(|(_, b)| b.context() == Some(ctx))
             .map(|(o, _)| *o)
             .collect();
+        let mut retired = Vec::new();
         for &ordinal in &dead {
-            self.retire(ordinal, "the host destroyed its context");
+            let b = self
+                .devices
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&ordinal)
+                .map(|b| Arc::as_ptr(b) as usize);
+            if self.retire(ordinal, "the host destroyed its context") {
+                retired.extend(b);
+            }
         }
-        !dead.is_empty()
+        let mut destroying = self.destroying.lock().unwrap_or_else(|e| e.into_inner());
+        for b in &retired {
+            if destroying.len() == DESTROYS_REMEMBERED {
+                destroying.pop_front();
+            }
+            destroying.push_back((ctx, *b));
+        }
+        !retired.is_empty()
     }
 
     fn device_reset_failed(&self, device: Option<i32>) {
@@ -274,8 +298,16 @@ impl<B: Backend + 'static> Backend for PerDevice<B> {
         }
     }
 
-    fn context_destroy_failed(&self, ctx: u64) {
-        self.unretire(|_, b| b.context() == Some(ctx));
+    fn context_destroy_returned(&self, ctx: u64, ok: bool) {
+        let mine: Vec<usize> = {
+            let mut destroying = self.destroying.lock().unwrap_or_else(|e| e.into_inner());
+            let mine = destroying.iter().filter(|(c, _)| *c == ctx).map(|(_, b)| *b).collect();
+            destroying.retain(|(c, _)| *c != ctx);
+            mine
+        };
+        if !ok {
+            self.unretire(|_, b| mine.contains(&(b as *const B as usize)));
+        }
     }
 
     fn primary_context_released(&self, device: i32) -> bool {
@@ -494,7 +526,7 @@ mod tests {
         let ctx1 = first1.context().unwrap();
         // The destroy of device 1's context fails: the same backend serves on, none starts.
         assert!(per.context_destroyed(ctx1));
-        per.context_destroy_failed(ctx1);
+        per.context_destroy_returned(ctx1, false);
         assert_eq!(per.started(), [0, 1]);
         assert!(Arc::ptr_eq(&per.all()[1], &first1));
         let n = starts.load(Ordering::Relaxed);
@@ -508,7 +540,7 @@ mod tests {
         // Nothing retired, nothing to give back: a reset of a device never started, and a
         // failed destroy of a context no backend was made in.
         assert!(!per.device_reset(Some(5)));
-        per.context_destroy_failed(0xdead);
+        per.context_destroy_returned(0xdead, false);
         assert_eq!(per.started(), [0, 1]);
         // A backend started for the device while the destroy ran stays; the old one stays
         // retired (never two serving one device).
@@ -516,8 +548,15 @@ mod tests {
         after(&per, 7).unwrap();
         let second1 = per.all()[1].clone();
         assert!(!Arc::ptr_eq(&second1, &first1));
-        per.context_destroy_failed(ctx1);
+        per.context_destroy_returned(ctx1, false);
         assert!(Arc::ptr_eq(&per.all()[1], &second1));
+        // A destroy that succeeded: its backend is dead for good, even when a later destroy of
+        // the same handle value (reused) fails.
+        let ctx2 = second1.context().unwrap();
+        assert!(per.context_destroyed(ctx2));
+        per.context_destroy_returned(ctx2, true);
+        per.context_destroy_returned(ctx2, false);
+        assert_eq!(per.started(), [0], "device 1's dead backend stays retired");
         // A device reset too often is not started again; if its last reset failed, that
         // reset's backend serves again.
         current.store(0, Ordering::Relaxed);

@@ -827,7 +827,7 @@ impl GemmArgs for LaunchGemm<'_> {
         let dims = |d: [u32; 3]| (d[0] as u64) | ((d[1] as u64) << 21) | ((d[2] as u64) << 42);
         // The weight too: the layers of a model share one kernel and grid, and one counter for
         // all of them would check under `1/N` only the layers at multiples of gcd(layers, N).
-        let weight = self.with_args(|args| self.st.specs.weight_ptr(self.id, &args)).ok().flatten();
+        let weight = self.weight_ptr();
         KeyHasher::new(l.entry)
             .mix(l.handle as u64)
             .mix(dims(l.grid))
@@ -873,6 +873,37 @@ impl GemmArgs for LaunchGemm<'_> {
 }
 
 impl LaunchGemm<'_> {
+    /// The weight's address, read alone (this runs for every launch of a spec'd kernel,
+    /// sampled or not: no allocation). None where the spec reads it otherwise than from one
+    /// parameter or a packed buffer.
+    fn weight_ptr(&self) -> Option<u64> {
+        let (l, specs) = (self.l, &self.st.specs);
+        if l.params.is_null() {
+            let (p, n) = l.packed()?;
+            // SAFETY: the packed buffer and its size as given to the driver, which copies them.
+            return specs
+                .weight_ptr(self.id, &LaunchArgs::Packed(unsafe { std::slice::from_raw_parts(p, n) }));
+        }
+        let index = specs.weight_param(self.id)? as usize;
+        let sizes = self.info.param_sizes.as_ref()?;
+        const MOST: usize = 64;
+        if index >= sizes.len() || sizes.len() > MOST {
+            return None;
+        }
+        // SAFETY: kernelParams has one pointer per parameter (index is below their count, the
+        // driver's), each to the parameter's bytes of the size the driver reports.
+        let p = unsafe { *l.params.add(index) } as *const u8;
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(p, sizes[index]) };
+        // Only the weight's parameter is filled in: the spec reads no other for it.
+        let mut slots: [&[u8]; MOST] = [&[]; MOST];
+        slots[index] = bytes;
+        specs.weight_ptr(self.id, &LaunchArgs::Indexed(&slots[..sizes.len()]))
+    }
+
     /// `f` of the launch's arguments, as far as their extent is known.
     fn with_args<R>(&self, f: impl FnOnce(LaunchArgs) -> R) -> Result<R, Skip> {
         let l = self.l;

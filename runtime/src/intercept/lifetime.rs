@@ -77,8 +77,8 @@ macro_rules! ctx_destroy {
         pub fn $handler(a: &hook::$sym::Args, real: &RealCall) -> i32 {
             let retired = !a.ctx.is_null() && crate::engine::on_context_destroy(a.ctx as u64);
             let status = real.call();
-            if retired && status != 0 {
-                crate::engine::on_context_destroy_failed(a.ctx as u64);
+            if retired {
+                crate::engine::on_context_destroy_returned(a.ctx as u64, status == 0);
             }
             status
         }

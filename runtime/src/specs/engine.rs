@@ -340,6 +340,14 @@ impl CompiledSpec {
         self.ptr(args, "b.ptr", &self.def.b.ptr).ok()
     }
 
+    /// Where the weight's address is read from (the parameter index of an indexed launch).
+    pub fn weight_param(&self) -> Option<u32> {
+        match self.def.b.ptr {
+            Value::Param { index, .. } => Some(index),
+            _ => None,
+        }
+    }
+
     /// Reads the launch into the problem model.
     pub fn decode(&self, launch: &LaunchView) -> Result<DecodedLaunch, SpecError> {
         let args = &launch.args;

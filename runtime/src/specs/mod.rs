@@ -204,6 +204,11 @@ impl SpecSet {
         self.entries.get(id.0 as usize)?.spec.weight_ptr(args)
     }
 
+    /// The parameter index spec `id` reads the weight's address from, when it is one.
+    pub fn weight_param(&self, id: SpecId) -> Option<u32> {
+        self.entries.get(id.0 as usize)?.spec.weight_param()
+    }
+
     /// Reads a launch through spec `id`. Reads only bytes inside the launch's slices; a
     /// disabled or unknown spec is a skip.
     pub fn decode(&self, id: SpecId, launch: &LaunchView) -> Result<DecodedLaunch, SpecError> {
