@@ -50,6 +50,8 @@ pub struct FakeRuntime {
     /// Launches, event records and waits succeed without being logged (host-cost benches:
     /// the log's formatting would outweigh what they measure).
     pub quiet: std::sync::atomic::AtomicBool,
+    /// What `current_context` answers (0: None, the default).
+    pub context: AtomicU64,
     /// Set by the first `begin_capture`: until then stream work takes no capture lock.
     captures_begun: AtomicBool,
     captures: Mutex<Captures>,
@@ -499,6 +501,9 @@ impl GpuRuntime for FakeRuntime {
             }
         }
         self.note(format!("launch {name} {}x{}x{} on {}", g[0], g[1], g[2], st.0))
+    }
+    fn current_context(&self) -> Option<u64> {
+        Some(self.context.load(Ordering::Relaxed)).filter(|&c| c != 0)
     }
     fn is_capturing(&self, s: Stream) -> Result<bool, DeviceError> {
         Ok(self.capturing(s))

@@ -818,10 +818,8 @@ impl GpuChecker {
     /// Whether the pool has room for set-ups that only later calls may use (its last quarter is
     /// kept for what every new site needs: its weight projection). True without a pool.
     pub fn room_for_extras(&self) -> bool {
-        self.pool.as_ref().is_none_or(|p| {
-            let s = p.stats();
-            s.in_use <= s.capacity / 4 * 3
-        })
+        // One relaxed load: asked at every eager call of a row count without state of its own.
+        self.pool.as_ref().is_none_or(|p| p.in_use() <= p.capacity() / 4 * 3)
     }
 
     /// Gives `scratch` back to the pool once the work enqueued on `stream` so far has run (a

@@ -43,6 +43,8 @@ pub struct DevicePool {
     base: DevicePtr,
     capacity: usize,
     state: Mutex<FreeList>,
+    /// `stats.in_use`, readable without the lock ([`DevicePool::in_use`]).
+    in_use: std::sync::atomic::AtomicUsize,
 }
 
 /// A block of the pool; returned to it on drop.
@@ -96,6 +98,7 @@ impl DevicePool {
                 free: vec![(0, capacity)],
                 stats: PoolStats { capacity, ..PoolStats::default() },
             }),
+            in_use: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
@@ -122,6 +125,7 @@ impl DevicePool {
             state.free[index] = (offset + size, len - size);
         }
         state.stats.in_use += size;
+        self.in_use.store(state.stats.in_use, std::sync::atomic::Ordering::Relaxed);
         state.stats.peak_in_use = state.stats.peak_in_use.max(state.stats.in_use);
         state.stats.blocks += 1;
         Ok(PoolBlock { pool: self.clone(), offset, bytes: size })
@@ -142,7 +146,17 @@ impl DevicePool {
             free.remove(at);
         }
         state.stats.in_use -= size;
+        self.in_use.store(state.stats.in_use, std::sync::atomic::Ordering::Relaxed);
         state.stats.blocks -= 1;
+    }
+
+    /// Bytes in use now, without taking the lock (as of the latest take or release).
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     pub fn stats(&self) -> PoolStats {

@@ -190,8 +190,11 @@ struct SiteGpu {
     /// their numbers before the site's lock, so a call that re-projects may come after checks
     /// of higher numbers that still read the old projection ([`WeightChanges::projected_from`]).
     latest_call: Option<u64>,
-    /// Row counts whose eager checks ran in their stream's scratch (bounded).
-    shared_counts: rustc_hash::FxHashSet<u64>,
+    /// Row counts whose eager checks ran in their stream's scratch (bounded), with their
+    /// check's geometry, and the scratch of the stream last used: later calls of such a count
+    /// on that stream take neither a lock nor a set-up.
+    shared_counts: FxHashMap<u64, crate::device::abi::SketchGeometry>,
+    stream_cache: Option<(Stream, Arc<SketchScratch>)>,
 }
 
 /// The warning about released kept projections is given once.
@@ -671,8 +674,7 @@ const CAPTURE_STALE_WEIGHT: &str =
 const CAPTURE_NEW_ROW_COUNT: &str =
     "graph capture: this row count of the site was never seen outside a capture (run that batch size once first)";
 /// A captured call of a row count whose eager calls ran in their stream's scratch.
-const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str =
-    "graph capture: no state of this row count was set up (the device pool was near full when its eager calls ran)";
+const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str = "graph capture: no state of this row count was set up when it ran eagerly (the site had 64 row counts already, or the device pool was three quarters full)";
 /// In-place calls (D aliases C): no copy buffer of this size yet.
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
@@ -976,6 +978,7 @@ impl GpuBackend {
                     weight_streams: Some(Vec::new()),
                     latest_call: None,
                     shared_counts: Default::default(),
+                    stream_cache: None,
                 },
             );
         }
@@ -1109,10 +1112,18 @@ impl GpuBackend {
         // otherwise set up ~1.5 MB per site and size, and soon find the pool full).
         let plain_eager = !capturing && req.device_gate.is_none();
         let mut in_stream = None;
+        if plain_eager && !site.sketch_rows.contains_key(&key) {
+            // A row count already checked in this stream's scratch: no set-up, no lock.
+            if let (Some(geometry), Some((s, scratch))) = (site.shared_counts.get(&key), &site.stream_cache) {
+                if *s == stream {
+                    in_stream = Some((scratch.clone(), *geometry));
+                }
+            }
+        }
         #[allow(clippy::map_entry)] // the set-up may bail out before inserting
-        if !site.sketch_rows.contains_key(&key) {
+        if in_stream.is_none() && !site.sketch_rows.contains_key(&key) {
             if capturing {
-                return Err(Skip::new(match site.shared_counts.contains(&key) {
+                return Err(Skip::new(match site.shared_counts.contains_key(&key) {
                     true => CAPTURE_NO_ROOM_FOR_ROW_COUNT,
                     false => CAPTURE_NEW_ROW_COUNT,
                 }));
@@ -1139,8 +1150,11 @@ impl GpuBackend {
                     },
                 },
             }
-            if in_stream.is_some() && site.shared_counts.len() < SHARED_COUNTS_MAX {
-                site.shared_counts.insert(key);
+            if let Some((scratch, geometry)) = &in_stream {
+                if site.shared_counts.len() < SHARED_COUNTS_MAX {
+                    site.shared_counts.insert(key, *geometry);
+                }
+                site.stream_cache = Some((stream, scratch.clone()));
             }
         }
         let weight = site.weight.as_ref().expect("set above");
@@ -1375,7 +1389,9 @@ impl GpuBackend {
                 // Set-up allocates zeroed scratch and events: only outside a capture.
                 return Detach::OnStream;
             }
-            if !self.sketch_detach.detaches_eager() && !self.checker.room_for_extras() {
+            if !self.sketch_detach.detaches_eager()
+                && (detached.len() >= ROW_STATES_PER_SITE || !self.checker.room_for_extras())
+            {
                 // Only for later captures, which a pool near full cannot serve anyway: a
                 // server's changing batch sizes must not take what new sites need.
                 return Detach::OnStream;
@@ -2368,14 +2384,25 @@ impl Backend for GpuBackend {
         let stream = Stream(stream);
         // Its scratch may not serve a later stream of the same handle while the last check
         // here still runs (their counters would mix): it goes once that check has run.
+        for site in self.sites.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
+            if site.stream_cache.as_ref().is_some_and(|(s, _)| *s == stream) {
+                site.stream_cache = None;
+            }
+        }
         let scratches: Vec<Arc<SketchScratch>> = {
             let mut shared = self.stream_scratch.lock().unwrap_or_else(|e| e.into_inner());
             let keys: Vec<StreamScratchKey> = shared.keys().filter(|k| k.0 == stream.0).copied().collect();
             keys.iter().filter_map(|k| shared.remove(k)).collect()
         };
+        // Given back behind an event recorded on the stream, which only this backend's context
+        // and a stream not capturing allow (a capturing stream's record would be a graph node,
+        // never done before the stream's last check ran). Otherwise kept for good.
+        let here = self.context.is_some() && self.runtime.current_context() == self.context;
+        let retirable = here && self.runtime.is_capturing(stream).ok() == Some(false);
         for scratch in scratches {
             match Arc::try_unwrap(scratch) {
-                Ok(scratch) => self.checker.retire_scratch(scratch, stream),
+                Ok(scratch) if retirable => self.checker.retire_scratch(scratch, stream),
+                Ok(scratch) => std::mem::forget(scratch),
                 // A check being prepared right now holds it too: never given back (its last
                 // holder cannot know when the GPU is done with it).
                 Err(shared) => std::mem::forget(shared),
@@ -2608,6 +2635,7 @@ mod tests {
         // With the side stream, eager calls also set up detached state for later captures.
         for (pool_mib, side_stream) in [(256, false), (16, false), (256, true), (16, true)] {
             let rt = Arc::new(FakeRuntime::with_kernels());
+            rt.context.store(0xc0de, Ordering::Relaxed);
             let mut settings = fake_settings();
             (settings.pool_bytes, settings.side_stream) = (pool_mib << 20, side_stream);
             let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
@@ -2652,7 +2680,7 @@ mod tests {
             assert_eq!(backend.stream_scratch.lock().unwrap().len(), 2);
             // A capture of a row count checked in the stream's scratch says why it is skipped.
             let shared_count =
-                *backend.sites.lock().unwrap()[&site_of(&first)].shared_counts.iter().next().unwrap();
+                *backend.sites.lock().unwrap()[&site_of(&first)].shared_counts.keys().next().unwrap();
             rt.begin_capture(Stream(7));
             // (With the side stream, a size whose detached state was set up while the pool had
             // room is captured detached.)
@@ -2661,11 +2689,26 @@ mod tests {
                 Ok(()) => assert!(side_stream, "{pool_mib} MiB: captured without state"),
             }
             rt.end_capture(Stream(7));
-            // A destroyed stream's scratch goes back to the pool once its last check has run.
+            // A destroyed stream's scratch goes back to the pool once its last check has run;
+            // from another context, or while the stream captures, it is kept for good (no event
+            // could tell when that check has run).
+            check(&first, 75, 11).0.unwrap();
+            check(&first, 75, 13).0.unwrap();
             let held = backend.checker.held_sets();
             backend.stream_destroyed(9);
-            assert_eq!(backend.stream_scratch.lock().unwrap().len(), 1);
+            assert_eq!(backend.stream_scratch.lock().unwrap().len(), 3);
             assert_eq!(backend.checker.held_sets(), held + 1, "held behind the stream's work");
+            rt.begin_capture(Stream(11));
+            backend.stream_destroyed(11);
+            rt.end_capture(Stream(11));
+            rt.context.store(0xbad, Ordering::Relaxed);
+            backend.stream_destroyed(13);
+            rt.context.store(0xc0de, Ordering::Relaxed);
+            assert_eq!(backend.stream_scratch.lock().unwrap().len(), 1);
+            assert_eq!(backend.checker.held_sets(), held + 1, "neither given back");
+            // Later calls of a row count checked in the stream's scratch take the cached scratch.
+            let (_, launched) = check(&first, shared_count, 7);
+            assert_eq!(launched, 1);
         }
     }
 

@@ -884,10 +884,14 @@ impl LaunchGemm<'_> {
             return specs
                 .weight_ptr(self.id, &LaunchArgs::Packed(unsafe { std::slice::from_raw_parts(p, n) }));
         }
-        let index = specs.weight_param(self.id)? as usize;
         let sizes = self.info.param_sizes.as_ref()?;
         const MOST: usize = 64;
-        if index >= sizes.len() || sizes.len() > MOST {
+        let index = match specs.weight_param(self.id) {
+            Some(i) if sizes.len() <= MOST => i as usize,
+            // Named through `vars`, or a kernel of many parameters: read with all of them.
+            _ => return self.with_args(|args| specs.weight_ptr(self.id, &args)).ok().flatten(),
+        };
+        if index >= sizes.len() {
             return None;
         }
         // SAFETY: kernelParams has one pointer per parameter (index is below their count, the
