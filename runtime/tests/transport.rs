@@ -960,6 +960,32 @@ fn a_client_closing_after_its_idle_connection_was_closed_delivers_everything_on_
     }
 }
 
+/// For 700 ms, sends record after record (from number `first`) while `listener` (non-blocking)
+/// accepts each connection, reads its preamble and hangs up. Returns (connections, the next
+/// record's number).
+fn hang_up_after_each_preamble(client: &Client, listener: &UnixListener, first: usize) -> (usize, usize) {
+    let (mut connections, mut next) = (0, first);
+    let end = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < end {
+        client.send(rec(next));
+        next += 1;
+        match listener.accept() {
+            Ok((s, _)) => {
+                connections += 1;
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut r = FrameReader::new(s);
+                assert_eq!(read_frames(&mut r, 1), vec![b"session".to_vec()]);
+                // The client sees the preamble read (its trial passes) before the hang-up.
+                thread::sleep(Duration::from_millis(3));
+                drop(r);
+            }
+            Err(_) => thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    (connections, next)
+}
+
 #[test]
 fn a_collector_that_hangs_up_while_a_spool_is_open_leaves_the_sender_resting() {
     // The spool is opened by a first failed connect (no collector yet). Then each connection
@@ -980,24 +1006,7 @@ fn a_collector_that_hangs_up_while_a_spool_is_open_leaves_the_sender_resting() {
     assert!(wait_until(Duration::from_secs(5), || client.stats().spooled == 1), "{:?}", client.stats());
     let listener = UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
-    let (mut connections, mut next) = (0, 1);
-    let end = Instant::now() + Duration::from_millis(700);
-    while Instant::now() < end {
-        client.send(rec(next));
-        next += 1;
-        match listener.accept() {
-            Ok((s, _)) => {
-                connections += 1;
-                s.set_nonblocking(false).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut r = FrameReader::new(s);
-                assert_eq!(read_frames(&mut r, 1), vec![b"session".to_vec()]);
-                thread::sleep(Duration::from_millis(3));
-                drop(r);
-            }
-            Err(_) => thread::sleep(Duration::from_millis(2)),
-        }
-    }
+    let (connections, next) = hang_up_after_each_preamble(&client, &listener, 1);
     let st = client.stats();
     assert!(connections >= 2, "{connections} connections: {st:?}");
     // A few rounds per record sent and per connection; a spinning sender makes millions.
@@ -1027,26 +1036,7 @@ fn a_collector_that_hangs_up_after_each_preamble_is_not_redialled_in_a_loop() {
         ..session_options()
     };
     let client = Client::start(Address::Unix(path), opts);
-    let mut connections = 0;
-    let mut next = 0;
-    let end = Instant::now() + Duration::from_millis(700);
-    while Instant::now() < end {
-        client.send(rec(next));
-        next += 1;
-        match listener.accept() {
-            Ok((s, _)) => {
-                connections += 1;
-                s.set_nonblocking(false).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut r = FrameReader::new(s);
-                assert_eq!(read_frames(&mut r, 1), vec![b"session".to_vec()]);
-                // The client sees the preamble read (its trial passes) before the hang-up.
-                thread::sleep(Duration::from_millis(3));
-                drop(r);
-            }
-            Err(_) => thread::sleep(Duration::from_millis(2)),
-        }
-    }
+    let (connections, next) = hang_up_after_each_preamble(&client, &listener, 0);
     let st = client.stats();
     assert!((2..=12).contains(&connections), "{connections} connections in 700 ms: {st:?}");
     assert!(st.retry_delay >= Duration::from_millis(40), "the backoff grew: {st:?}");

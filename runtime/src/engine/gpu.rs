@@ -1112,7 +1112,8 @@ impl GpuBackend {
         // otherwise set up ~1.5 MB per site and size, and soon find the pool full).
         let plain_eager = !capturing && req.device_gate.is_none();
         let mut in_stream = None;
-        if plain_eager && !site.sketch_rows.contains_key(&key) {
+        let own_state = site.sketch_rows.contains_key(&key);
+        if plain_eager && !own_state {
             // A row count already checked in this stream's scratch: no set-up, no lock.
             if let (Some(geometry), Some((s, scratch))) = (site.shared_counts.get(&key), &site.stream_cache) {
                 if *s == stream {
@@ -1120,8 +1121,7 @@ impl GpuBackend {
                 }
             }
         }
-        #[allow(clippy::map_entry)] // the set-up may bail out before inserting
-        if in_stream.is_none() && !site.sketch_rows.contains_key(&key) {
+        if in_stream.is_none() && !own_state {
             if capturing {
                 return Err(Skip::new(match site.shared_counts.contains_key(&key) {
                     true => CAPTURE_NO_ROOM_FOR_ROW_COUNT,
@@ -2614,6 +2614,13 @@ mod tests {
         }
     }
 
+    /// A backend over `rt` with a 64 MiB pool, otherwise [`fake_settings`].
+    fn roomy_backend(rt: &Arc<FakeRuntime>) -> GpuBackend {
+        let mut settings = fake_settings();
+        settings.pool_bytes = 64 << 20;
+        GpuBackend::new(rt.clone(), "fake", &settings).unwrap()
+    }
+
     /// A small pool and ring, synchronous compiles, the default detach policy.
     fn fake_settings() -> GpuSettings {
         GpuSettings {
@@ -2757,9 +2764,7 @@ mod tests {
         // the stream wait for its finishing; a taker that then enqueues nothing (a fallback to
         // the fused check) leaves it pending, so its next taker waits for that finishing too.
         let rt = Arc::new(FakeRuntime::with_kernels());
-        let mut settings = fake_settings();
-        settings.pool_bytes = 64 << 20;
-        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let backend = roomy_backend(&rt);
         let mut buffers = EagerSnapshots::default();
         let st = Stream(7);
         let mut take = |bytes: u64| {
@@ -2928,9 +2933,7 @@ mod tests {
         // an event on the caller's stream (no synchronisation there) and go back to the pool
         // once a later set-up finds that event done.
         let rt = Arc::new(FakeRuntime::with_kernels());
-        let mut settings = fake_settings();
-        settings.pool_bytes = 64 << 20;
-        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let backend = roomy_backend(&rt);
         let call = bf16_call(&rt, (16, 256, 512));
         let thresholds = crate::thresholds::Thresholds::default();
         let req = CheckRequest::sketch_for_test(&call, &thresholds);
@@ -2980,9 +2983,7 @@ mod tests {
         // before call 8 reached the site and re-projected for the change call 9 found. Call 10's
         // report of that same change is not a second change.
         let rt = Arc::new(FakeRuntime::with_kernels());
-        let mut settings = fake_settings();
-        settings.pool_bytes = 64 << 20;
-        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let backend = roomy_backend(&rt);
         let call = bf16_call(&rt, (16, 256, 512));
         let thresholds = crate::thresholds::Thresholds::default();
         let check = |seq: u64| -> Vec<String> {

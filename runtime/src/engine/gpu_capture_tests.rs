@@ -112,6 +112,18 @@ impl Host {
     }
 }
 
+/// A site set up eagerly, then called once in a capture that ended without the shim's hook
+/// (not through `capture_ending`): its snapshot copy is left pending on [`STREAM`].
+fn copy_left_by_an_unseen_capture_end() -> (Host, Site) {
+    let host = Host::new();
+    let site = host.site(1, (1, 256, 512));
+    host.call(&site).unwrap();
+    host.rt.begin_capture(STREAM);
+    host.call(&site).unwrap();
+    host.rt.end_capture(STREAM);
+    (host, site)
+}
+
 /// The node labelled `label` (it must be the only one).
 fn only(graph: &CapturedGraph, label: &str) -> GraphNode {
     match graph.labelled(label)[..] {
@@ -217,12 +229,7 @@ fn a_destroyed_stream_drops_its_pending_copy() {
     // A capture that ended unseen (not through the shim's hook) leaves its copy pending; the
     // stream's destruction gives it up, counted.
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let host = Host::new();
-    let site = host.site(1, (1, 256, 512));
-    host.call(&site).unwrap();
-    host.rt.begin_capture(STREAM);
-    host.call(&site).unwrap();
-    host.rt.end_capture(STREAM);
+    let (host, site) = copy_left_by_an_unseen_capture_end();
     let dropped = skips(COPY_DROPPED);
     host.backend.stream_destroyed(STREAM.0);
     assert_eq!(skips(COPY_DROPPED) - dropped, 1);
@@ -236,12 +243,7 @@ fn a_copy_left_by_a_capture_that_ended_unseen_is_dropped_in_the_next() {
     // The old capture's nodes name nothing in the new graph (or are freed): the copy and its
     // check go, counted, and the new capture gets only its own.
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let host = Host::new();
-    let site = host.site(1, (1, 256, 512));
-    host.call(&site).unwrap();
-    host.rt.begin_capture(STREAM);
-    host.call(&site).unwrap();
-    host.rt.end_capture(STREAM);
+    let (host, site) = copy_left_by_an_unseen_capture_end();
     let dropped = skips(COPY_DROPPED);
     host.rt.begin_capture(STREAM);
     host.call(&site).unwrap();

@@ -1318,6 +1318,31 @@ mod tests {
     use std::sync::{mpsc, Arc};
     use std::time::Duration;
 
+    /// A decoded call handed to the engine as an interposer would (its sampling key fixed).
+    struct TestCall(crate::intercept::InterceptedGemm);
+
+    impl crate::intercept::GemmArgs for TestCall {
+        const ENTRY: &'static str = "cublasGemmEx";
+        fn quick_key(&self) -> u64 {
+            0x5eed
+        }
+        fn decode(&self) -> Result<crate::intercept::InterceptedGemm, crate::intercept::Skip> {
+            Ok(self.0.clone())
+        }
+        fn stream(&self) -> Option<u64> {
+            Some(self.0.stream)
+        }
+    }
+
+    /// Sketch mode with sampling `sample`, the rest as the environment's defaults.
+    fn sketch_config(sample: &str) -> super::config::Config {
+        super::config::Config::from_lookup(|k| match k {
+            "QUANTSHADOW_MODE" => Some("sketch".into()),
+            "QUANTSHADOW_SAMPLE" => Some(sample.into()),
+            _ => None,
+        })
+    }
+
     #[test]
     fn threads_arriving_during_a_start_pass_instead_of_waiting() {
         let once = Arc::new(StartOnce::<u32>::new());
@@ -1358,9 +1383,9 @@ mod tests {
         // checked since the capture (kept with them, 8192 later eager calls pushed it out and
         // every later replay's result was dropped as "no longer remembered").
         use super::backend::{Backend, CheckRequest, Polled, PreCall};
-        use super::{config::Config, Engine, PENDING_CAP};
+        use super::{Engine, PENDING_CAP};
         use crate::formats::Format;
-        use crate::intercept::{GemmArgs, InterceptedGemm, RealCall, Skip};
+        use crate::intercept::{InterceptedGemm, RealCall, Skip};
         use crate::problem::{GemmBuffers, GemmProblem};
         use std::cell::Cell;
         use std::sync::atomic::AtomicBool;
@@ -1383,28 +1408,11 @@ mod tests {
                 self.0.load(Ordering::Relaxed)
             }
         }
-        struct Call(InterceptedGemm);
-        impl GemmArgs for Call {
-            const ENTRY: &'static str = "cublasGemmEx";
-            fn quick_key(&self) -> u64 {
-                0x5eed
-            }
-            fn decode(&self) -> Result<InterceptedGemm, Skip> {
-                Ok(self.0.clone())
-            }
-            fn stream(&self) -> Option<u64> {
-                Some(self.0.stream)
-            }
-        }
         let capturing = Arc::new(AtomicBool::new(true));
-        let config = Config::from_lookup(|k| match k {
-            "QUANTSHADOW_MODE" => Some("sketch".into()),
-            "QUANTSHADOW_SAMPLE" => Some("all".into()),
-            _ => None,
-        });
+        let config = sketch_config("all");
         let backend = Box::new(Capturing(capturing.clone()));
         let engine: &'static Engine = Box::leak(Box::new(Engine::assemble(config, Some(backend), 1, 1)));
-        let call = Call(InterceptedGemm {
+        let call = TestCall(InterceptedGemm {
             entry: "cublasGemmEx",
             problem: GemmProblem::row_major(8, 16, 32, Format::Bf16, Format::Bf16, Format::Bf16),
             buffers: GemmBuffers { a: 0x10000, b: 0x20000, d: 0x30000, ..Default::default() },
@@ -1433,11 +1441,7 @@ mod tests {
 
         // `first:K`: captures (sampled on the device at each replay) leave the host's count
         // alone, so the first K eager calls are still checked.
-        let config = Config::from_lookup(|k| match k {
-            "QUANTSHADOW_MODE" => Some("sketch".into()),
-            "QUANTSHADOW_SAMPLE" => Some("first:2,1/100".into()),
-            _ => None,
-        });
+        let config = sketch_config("first:2,1/100");
         capturing.store(true, Ordering::Relaxed);
         let backend = Box::new(Capturing(capturing.clone()));
         let engine: &'static Engine = Box::leak(Box::new(Engine::assemble(config, Some(backend), 1, 1)));
@@ -1503,11 +1507,11 @@ mod tests {
     #[test]
     #[ignore]
     fn bench_engine_eager_sketch() {
-        use super::{config::Config, gpu, Engine};
+        use super::{gpu, Engine};
         use crate::device::fake::FakeRuntime;
         use crate::device::GpuRuntime;
         use crate::formats::Format;
-        use crate::intercept::{GemmArgs, InterceptedGemm, RealCall, Skip};
+        use crate::intercept::{InterceptedGemm, RealCall};
         use crate::problem::{GemmBuffers, GemmProblem};
         use std::cell::Cell;
         let rt = Arc::new(FakeRuntime::with_kernels());
@@ -1521,32 +1525,15 @@ mod tests {
             kernels: Default::default(),
         };
         let backend = gpu::GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
-        let config = Config::from_lookup(|k| match k {
-            "QUANTSHADOW_MODE" => Some("sketch".into()),
-            "QUANTSHADOW_SAMPLE" => Some("all".into()),
-            _ => None,
-        });
+        let config = sketch_config("all");
         let engine: &'static Engine =
             Box::leak(Box::new(Engine::assemble(config, Some(Box::new(backend)), 1, 1)));
         let (m, n, k) = (1024u64, 1024u64, 1024u64);
         let alloc = |elems: u64| rt.malloc(elems as usize * 2).unwrap();
-        struct Call(InterceptedGemm);
-        impl GemmArgs for Call {
-            const ENTRY: &'static str = "cublasGemmEx";
-            fn quick_key(&self) -> u64 {
-                0x5eed
-            }
-            fn decode(&self) -> Result<InterceptedGemm, Skip> {
-                Ok(self.0.clone())
-            }
-            fn stream(&self) -> Option<u64> {
-                Some(self.0.stream)
-            }
-        }
         // Seven sites, as a Llama layer's projections: the same shape, distinct weights.
-        let calls: Vec<Call> = (0..7)
+        let calls: Vec<TestCall> = (0..7)
             .map(|_| {
-                Call(InterceptedGemm {
+                TestCall(InterceptedGemm {
                     entry: "cublasGemmEx",
                     problem: GemmProblem::row_major(m, n, k, Format::Bf16, Format::Bf16, Format::Bf16),
                     buffers: GemmBuffers {
@@ -1561,7 +1548,7 @@ mod tests {
             })
             .collect();
         let real = || 0;
-        let run = |c: &Call| {
+        let run = |c: &TestCall| {
             let status = Cell::new(None);
             assert_eq!(engine.gemm(c, &RealCall::for_test(&real, &status)), 0);
         };
