@@ -676,6 +676,7 @@ const CAPTURE_NEW_ROW_COUNT: &str =
 /// A captured call of a row count whose eager calls ran in their stream's scratch.
 const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str = "graph capture: no state of this row count was set up when it ran eagerly (the site had 64 row counts already, or the device pool was three quarters full)";
 /// In-place calls (D aliases C): no copy buffer of this size yet.
+const OTHER_CONTEXT: &str = "call in another context than the one the device's checks were set up in";
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
@@ -985,10 +986,21 @@ impl GpuBackend {
         Ok(sites.get_mut(&req.site_id).expect("inserted above"))
     }
 
-    /// The backend's kernels, pool and ring belong to the device current when it started.
-    /// `per_device` routes each call to its device's backend; this guard keeps a misrouted
-    /// call from launching foreign handles (it passes through, counted).
+    /// The backend's kernels, pool and ring belong to the context current when it started.
+    /// `per_device` routes each call by its device's ordinal; this guard keeps a call from
+    /// another device, or from another context of the same device (a host with contexts of its
+    /// own), from launching foreign handles: it passes through, counted. Foreign handles in a
+    /// capturing stream would invalidate the host's capture.
     fn same_device(&self) -> Result<(), Skip> {
+        if let Some(ours) = self.context {
+            // A context belongs to one device: the same context is the same device, and this
+            // is one driver call (no ordinal query).
+            return match self.runtime.current_context() {
+                Some(current) if current == ours => Ok(()),
+                Some(_) => Err(Skip::new(OTHER_CONTEXT)),
+                None => Err(Skip::new("no current context")),
+            };
+        }
         match self.runtime.current_ordinal() {
             Ok(o) if o == self.checker.info.ordinal => Ok(()),
             Ok(_) => Err(Skip::new("call on another device than the backend's")),
@@ -2885,6 +2897,36 @@ mod tests {
         let fused_2_34 = run(SplitUse::Large, (4096, 2048, 1024), 1, None);
         assert!(fused_2_34[0].starts_with("launch qs_sketch_lean_"), "{fused_2_34:?}");
         assert_eq!(run(SplitUse::Large, (4096, 4096, 1024), 1, None), [split_into(0)]);
+    }
+
+    #[test]
+    fn a_call_from_another_context_of_the_device_passes_through_untouched() {
+        // A host with a context of its own beside the primary one (same device ordinal): the
+        // backend's handles belong to the context it started in, so calls made in the other
+        // one are skipped before anything is enqueued, captured or not.
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        rt.context.store(0xc0de, Ordering::Relaxed);
+        let backend = roomy_backend(&rt);
+        let thresholds = crate::thresholds::Thresholds::default();
+        let call = bf16_call(&rt, (16, 256, 512));
+        let req = CheckRequest::sketch_for_test(&call, &thresholds);
+        backend.after_call(&req, PreCall::default()).unwrap();
+        rt.take_log();
+        rt.context.store(0xbeef, Ordering::Relaxed);
+        let skip = backend.after_call(&req, PreCall::default()).unwrap_err();
+        assert_eq!(skip.0, OTHER_CONTEXT);
+        assert!(matches!(backend.before_call(&req), Err(s) if s.0 == OTHER_CONTEXT));
+        let capture = rt.begin_capture(Stream(7));
+        assert_eq!(backend.after_call(&req, PreCall::default()).unwrap_err().0, OTHER_CONTEXT);
+        rt.end_capture(Stream(7));
+        assert!(rt.captured_graph(capture).unwrap().nodes.is_empty(), "nothing captured");
+        assert!(rt.take_log().is_empty(), "nothing enqueued");
+        // No current context at all: skipped too. Back in its own context, checked again.
+        rt.context.store(0, Ordering::Relaxed);
+        assert!(backend.after_call(&req, PreCall::default()).is_err());
+        rt.context.store(0xc0de, Ordering::Relaxed);
+        backend.after_call(&req, PreCall::default()).unwrap();
+        assert!(rt.take_log().iter().any(|l| l.starts_with("launch qs_sketch")));
     }
 
     #[test]
