@@ -79,6 +79,7 @@ pub const RULES: &[Rule] = &[
     Rule { id: "precision", title: "Accuracy below the bound", advice: precision },
     Rule { id: "unclassified", title: "Failure without a known pattern", advice: unclassified },
     Rule { id: "unchecked-sites", title: "Sites never checked", advice: unchecked_sites },
+    Rule { id: "skipped-calls", title: "Many sampled calls not checked", advice: skipped_calls },
     Rule { id: "incomplete-run", title: "Incomplete run", advice: incomplete_run },
     Rule { id: "pass", title: "No action needed", advice: pass },
 ];
@@ -691,6 +692,74 @@ fn unchecked_sites(config: &ConfigurationReport) -> Option<String> {
     ))
 }
 
+/// Skipped calls that make a recommendation: at least this share of the sampled calls, and at
+/// least [`SKIPPED_CALLS_NOTED`] of them (a few skips while kernels compile are expected).
+const SKIPPED_SHARE_NOTED: f64 = 0.10;
+const SKIPPED_CALLS_NOTED: u64 = 10;
+/// Skip reasons named in the advice.
+const REASONS_NAMED: usize = 3;
+
+/// Whether the closing records count enough skipped calls to say so ([`SKIPPED_SHARE_NOTED`]).
+fn many_skipped(config: &ConfigurationReport) -> bool {
+    let c = &config.counters;
+    let skipped = c.skipped_total();
+    skipped >= SKIPPED_CALLS_NOTED && skipped as f64 >= SKIPPED_SHARE_NOTED * c.sampled as f64
+}
+
+fn skipped_calls(config: &ConfigurationReport) -> Option<String> {
+    if config.verdict == Verdict::NoData || !many_skipped(config) {
+        return None;
+    }
+    let c = &config.counters;
+    let skipped = c.skipped_total();
+    let share = 100.0 * skipped as f64 / c.sampled.max(1) as f64;
+    let reasons: Vec<String> = c
+        .skipped
+        .iter()
+        .take(REASONS_NAMED)
+        .map(|s| format!("{} ({})", text::code(&s.reason), s.count))
+        .collect();
+    let more = c.skipped.len().saturating_sub(REASONS_NAMED);
+    let mut advice = format!(
+        "{skipped} of {} sampled calls ({share:.0}%) were not checked, so the verdict covers the other \
+         calls only. Most skipped: {}{}.",
+        c.sampled,
+        reasons.join(", "),
+        if more > 0 { format!(" and {more} more reasons (see the run's context)") } else { String::new() }
+    );
+    // What the user can do about the commonest causes, once each.
+    let any = |needle: &str| c.skipped.iter().any(|s| s.reason.contains(needle));
+    if any("pool") {
+        let pool = config.settings.iter().find(|kv| kv.key == "pool_mib").map(|kv| format!(" ({} MiB)", kv.value));
+        advice.push_str(&format!(
+            " The shim's device pool{} was full: raise `QUANTSHADOW_POOL_MB`. Checks of graph-captured \
+             calls need state set up per site and batch size, so a server capturing many batch sizes \
+             needs a larger pool.",
+            pool.unwrap_or_default()
+        ));
+    }
+    if any("still running") || any("still in use") {
+        advice.push_str(
+            " Checks are shed, never waited for, while earlier checks still run: sample fewer calls \
+             (`QUANTSHADOW_SAMPLE=1/N`) to check a steady share of them.",
+        );
+    }
+    if any("graph capture:") {
+        advice.push_str(
+            " A captured call is checked only if its site and batch size ran outside a capture \
+             first (set-up cannot happen while capturing): warm each captured size up eagerly, as \
+             PyTorch's and vLLM's warm-up runs do.",
+        );
+    }
+    if any("compiling") {
+        advice.push_str(
+            " Calls made while the check kernels compile pass unchecked: `QUANTSHADOW_COMPILE=sync` \
+             checks them (the first calls wait for the compile).",
+        );
+    }
+    Some(advice)
+}
+
 fn incomplete_run(config: &ConfigurationReport) -> Option<String> {
     let c = &config.counters;
     let unclosed = c.sessions - c.sessions_closed;
@@ -724,8 +793,11 @@ fn pass(config: &ConfigurationReport) -> Option<String> {
     let c = &config.counters;
     // Records known to be missing may have held failures: the verdict stands (missing data is a
     // warning), but the sentence must not vouch for what was not seen.
-    let partial =
-        s.sites_observed_only > 0 || c.sessions_closed < c.sessions || c.dropped > 0 || c.checked_missing > 0;
+    let partial = s.sites_observed_only > 0
+        || c.sessions_closed < c.sessions
+        || c.dropped > 0
+        || c.checked_missing > 0
+        || many_skipped(config);
     Some(format!(
         "All {} ({} calls) are within the thresholds{}.",
         text::count(s.sites_checked, "checked site", "checked sites"),

@@ -538,6 +538,70 @@ fn rule_unchecked_sites_lists_observed_only_sites() {
 }
 
 #[test]
+fn rule_skipped_calls_when_a_tenth_of_the_sampled_calls_went_unchecked() {
+    // 40 checked, 60 skipped: a pass that covers less than half of the sampled calls.
+    let run = |skips: Vec<SkipCount>, pool: Option<&str>| {
+        let mut records = configuration(1, "canary", 2, fp8_problem, |_| fp8_ok());
+        if let (Some(p), Record::Session(s)) = (pool, &mut records[0]) {
+            s.settings.push(KeyValue { key: "pool_mib".into(), value: p.into() });
+        }
+        if let Some(Record::Closing(c)) = records.last_mut() {
+            c.checked = 2;
+            c.sampled = 2 + skips.iter().map(|s| s.count).sum::<u64>();
+            c.skipped = skips;
+        }
+        report_of(records)
+    };
+    let skip = |reason: &str, count| SkipCount { reason: reason.into(), count };
+    let report = run(
+        vec![
+            skip("sketch set-up: device pool exhausted (raise QUANTSHADOW_POOL_MB)", 30),
+            skip("graph capture: first call of this site was captured", 15),
+            skip("sketch: earlier detached checks are still running", 10),
+            skip("warming up: kernels compiling", 4),
+            skip("no_workspace", 1),
+        ],
+        Some("512"),
+    );
+    let config = only_config(&report);
+    assert_eq!(config.verdict, Verdict::Pass, "skips lower coverage, they are not failures");
+    assert_eq!(rule_ids(config), ["skipped-calls", "pass"]);
+    let text = advice(config, "skipped-calls");
+    for wanted in [
+        "60 of 62 sampled calls (97%)",
+        "(30)",
+        "and 2 more reasons",
+        "device pool (512 MiB) was full: raise `QUANTSHADOW_POOL_MB`",
+        "`QUANTSHADOW_SAMPLE=1/N`",
+        "warm each captured size up eagerly",
+        "`QUANTSHADOW_COMPILE=sync`",
+    ] {
+        assert!(text.contains(wanted), "{wanted:?} missing from {text}");
+    }
+    let pass = advice(config, "pass");
+    assert!(pass.contains("see the notes above") && !pass.contains("good to use"), "{pass}");
+    // Only the hints that apply, and no pool size where the sessions did not record one.
+    let config = run(vec![skip("sketch set-up: device pool exhausted (raise QUANTSHADOW_POOL_MB)", 30)], None)
+        .configurations[0]
+        .clone();
+    let text = advice(&config, "skipped-calls");
+    assert!(text.contains("device pool was full") && !text.contains("MiB"), "{text}");
+    assert!(!text.contains("QUANTSHADOW_SAMPLE") && !text.contains("COMPILE") && !text.contains("warm"), "{text}");
+    // Below a tenth of the sampled calls, or fewer than ten calls: no advice, and the pass vouches.
+    for skips in [vec![skip("no_workspace", 9)], vec![skip("no_workspace", 3)]] {
+        let mut records = configuration(1, "canary", 2, fp8_problem, |_| fp8_ok());
+        if let Some(Record::Closing(c)) = records.last_mut() {
+            c.checked = if skips[0].count == 9 { 90 } else { 2 };
+            c.sampled = c.checked + skips[0].count;
+            c.skipped = skips;
+        }
+        let report = report_of(records);
+        let config = only_config(&report);
+        assert!(!rule_ids(config).contains(&"skipped-calls"), "{:?}", config.counters);
+    }
+}
+
+#[test]
 fn every_rule_is_exercised_by_a_scenario() {
     // Keeps the table and the scenarios above in step: a new rule needs a scenario.
     let exercised = [
@@ -556,6 +620,7 @@ fn every_rule_is_exercised_by_a_scenario() {
         "precision",
         "unclassified",
         "unchecked-sites",
+        "skipped-calls",
         "incomplete-run",
         "pass",
     ];

@@ -490,6 +490,7 @@ impl Config {
             ("sketch_rows".into(), self.sketch_rows.to_string()),
             ("rows".into(), self.check_rows.to_string()),
             ("seed".into(), self.seed.to_string()),
+            ("pool_mib".into(), (self.pool_bytes >> 20).to_string()),
             ("compile".into(), if self.sync_compile { "sync" } else { "async" }.into()),
             ("sketch_detach".into(), self.sketch_detach.name().into()),
             ("graph_select".into(), if self.graph_select { "on" } else { "off" }.into()),
