@@ -730,7 +730,8 @@ fn skipped_calls(config: &ConfigurationReport) -> Option<String> {
     // What the user can do about the commonest causes, once each.
     let any = |needle: &str| c.skipped.iter().any(|s| s.reason.contains(needle));
     if any("pool") {
-        let pool = config.settings.iter().find(|kv| kv.key == "pool_mib").map(|kv| format!(" ({} MiB)", kv.value));
+        let pool =
+            config.settings.iter().find(|kv| kv.key == "pool_mib").map(|kv| format!(" ({} MiB)", kv.value));
         advice.push_str(&format!(
             " The shim's device pool{} was full: raise `QUANTSHADOW_POOL_MB`. Checks of graph-captured \
              calls need state set up per site and batch size, so a server capturing many batch sizes \

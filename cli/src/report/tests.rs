@@ -581,12 +581,16 @@ fn rule_skipped_calls_when_a_tenth_of_the_sampled_calls_went_unchecked() {
     let pass = advice(config, "pass");
     assert!(pass.contains("see the notes above") && !pass.contains("good to use"), "{pass}");
     // Only the hints that apply, and no pool size where the sessions did not record one.
-    let config = run(vec![skip("sketch set-up: device pool exhausted (raise QUANTSHADOW_POOL_MB)", 30)], None)
-        .configurations[0]
-        .clone();
+    let config =
+        run(vec![skip("sketch set-up: device pool exhausted (raise QUANTSHADOW_POOL_MB)", 30)], None)
+            .configurations[0]
+            .clone();
     let text = advice(&config, "skipped-calls");
     assert!(text.contains("device pool was full") && !text.contains("MiB"), "{text}");
-    assert!(!text.contains("QUANTSHADOW_SAMPLE") && !text.contains("COMPILE") && !text.contains("warm"), "{text}");
+    assert!(
+        !text.contains("QUANTSHADOW_SAMPLE") && !text.contains("COMPILE") && !text.contains("warm"),
+        "{text}"
+    );
     // Below a tenth of the sampled calls, or fewer than ten calls: no advice, and the pass vouches.
     for skips in [vec![skip("no_workspace", 9)], vec![skip("no_workspace", 3)]] {
         let mut records = configuration(1, "canary", 2, fp8_problem, |_| fp8_ok());

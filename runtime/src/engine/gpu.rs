@@ -215,13 +215,45 @@ const SHARED_COUNTS_MAX: usize = 1024;
 const STREAM_SCRATCH_MAX: usize = 64;
 /// Sampled rows a stream's scratch is made for (more: the site's own scratch, or a skip).
 const STREAM_SCRATCH_ROWS: u64 = 1024;
+/// Capturing streams with a [`GraphScratch`] of their own (per padded probe count).
+const GRAPH_SCRATCH_STREAMS: usize = 4;
+/// Spare [`GraphScratch`]es kept ready (a capture cannot make one): a capture stream and one
+/// stream its graph forks to.
+const GRAPH_SCRATCH_SPARES: usize = 2;
+
+/// Scratch of captured sketch checks whose row count has no scratch of its own (set up while
+/// the pool was three quarters full: a server capturing ~35 batch sizes over hundreds of sites
+/// would need ~1.5 MB per site and size). The checks captured on one stream are nodes in that
+/// stream's order, so they run one after another at every replay and can share one scratch,
+/// which every check leaves zeroed; a graph's branches forked to other streams get another.
+/// Made and zeroed outside captures (spares), handed to a capturing stream at its first such
+/// check, and kept for the backend's life (graphs may replay after their stream is gone).
+/// Like every captured check's own state, it assumes graphs that check on one capture stream
+/// are not replayed at the same moment on two streams (PyTorch and vLLM replay in turn).
+#[derive(Default)]
+struct GraphScratch {
+    /// Made and not yet handed out, per padded probes.
+    spare: FxHashMap<u32, Vec<Arc<SketchScratch>>>,
+    /// Handed out, per (capturing stream, padded probes).
+    taken: FxHashMap<StreamScratchKey, Arc<SketchScratch>>,
+}
+
+impl GraphScratch {
+    fn made(&self, kp: u32) -> usize {
+        self.spare.get(&kp).map_or(0, Vec::len) + self.taken.keys().filter(|(_, p)| *p == kp).count()
+    }
+}
 
 /// Streams a site's projection remembers its checks on ([`SiteGpu::weight_streams`]).
 const WEIGHT_STREAMS_MAX: usize = 8;
 
 /// What an on-stream or captured sketch check of one sampled-row count needs besides the weight.
 struct SketchRowState {
-    scratch: SketchScratch,
+    /// None: set up while the pool had no room for the count's own scratch. Its eager checks
+    /// run in their stream's scratch and its captured ones in their capturing stream's
+    /// ([`GraphScratch`]); only the gates are its own. Never replaced once captured checks may
+    /// read it (their nodes hold its gates).
+    scratch: Option<SketchScratch>,
     /// Launch counters (device u64 [general kernel, lean kernel]) of the device-side sampling
     /// gate, per kernel (lean or not also depends on the call's pointer alignment).
     /// `qs_gate_take` divides the counter by the grid's blocks, so every launch on one counter
@@ -674,9 +706,10 @@ const CAPTURE_STALE_WEIGHT: &str =
 const CAPTURE_NEW_ROW_COUNT: &str =
     "graph capture: this row count of the site was never seen outside a capture (run that batch size once first)";
 /// A captured call of a row count whose eager calls ran in their stream's scratch.
-const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str = "graph capture: no state of this row count was set up when it ran eagerly (the site had 64 row counts already, or the device pool was three quarters full)";
+const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str = "graph capture: this row count ran eagerly in its stream's scratch, and the device pool had no room for the gates and shared scratch its captures need";
 /// In-place calls (D aliases C): no copy buffer of this size yet.
 const OTHER_CONTEXT: &str = "call in another context than the one the device's checks were set up in";
+const CAPTURE_NO_GRAPH_SCRATCH: &str = "graph capture: no shared check scratch left for this capturing stream (four capturing streams have one), or more sampled rows than it holds";
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
@@ -749,6 +782,8 @@ pub struct GpuBackend {
     /// (stream, padded probes): one stream's checks run one after another, so any site and row
     /// count can use it. A destroyed stream's goes back to the pool behind its last check.
     stream_scratch: Mutex<FxHashMap<StreamScratchKey, Arc<SketchScratch>>>,
+    /// Scratch of captured checks of row counts set up without their own ([`GraphScratch`]).
+    graph_scratch: Mutex<GraphScratch>,
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
     /// lock).
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
@@ -854,6 +889,7 @@ impl GpuBackend {
             split_buffers: Mutex::default(),
             eager_scratch: Mutex::default(),
             stream_scratch: Mutex::default(),
+            graph_scratch: Mutex::default(),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
             largest_weights: Mutex::default(),
@@ -1124,7 +1160,7 @@ impl GpuBackend {
         // otherwise set up ~1.5 MB per site and size, and soon find the pool full).
         let plain_eager = !capturing && req.device_gate.is_none();
         let mut in_stream = None;
-        let own_state = site.sketch_rows.contains_key(&key);
+        let own_state = site.sketch_rows.get(&key).is_some_and(|s| s.scratch.is_some());
         if plain_eager && !own_state {
             // A row count already checked in this stream's scratch: no set-up, no lock.
             if let (Some(geometry), Some((s, scratch))) = (site.shared_counts.get(&key), &site.stream_cache) {
@@ -1135,6 +1171,9 @@ impl GpuBackend {
         }
         if in_stream.is_none() && !own_state {
             if capturing {
+                if site.sketch_rows.contains_key(&key) {
+                    return self.sketch_captured_shared(req, g, entries, &sample, site, stream);
+                }
                 return Err(Skip::new(match site.shared_counts.contains_key(&key) {
                     true => CAPTURE_NO_ROOM_FOR_ROW_COUNT,
                     false => CAPTURE_NEW_ROW_COUNT,
@@ -1143,15 +1182,22 @@ impl GpuBackend {
             let set_up = || -> Result<SketchRowState, crate::device::DeviceError> {
                 let scratch =
                     self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)?;
-                Ok(SketchRowState { scratch, gates: self.checker.alloc_zeroed(16)? })
+                Ok(SketchRowState { scratch: Some(scratch), gates: self.checker.alloc_zeroed(16)? })
             };
-            let roomy = site.sketch_rows.len() < ROW_STATES_PER_SITE && self.checker.room_for_extras();
+            // A count set up with gates only keeps them (graphs may hold them): no own scratch.
+            let gates_only = site.sketch_rows.contains_key(&key);
+            let roomy = !gates_only
+                && site.sketch_rows.values().filter(|s| s.scratch.is_some()).count() < ROW_STATES_PER_SITE
+                && self.checker.room_for_extras();
             let shared = match plain_eager && !roomy {
                 true => self.stream_scratch(stream, g, req, &sample).ok(),
                 false => None,
             };
             match shared {
                 Some(s) => in_stream = Some(s),
+                None if gates_only => {
+                    return Err(Skip::new("sketch set-up: no scratch for this stream's checks"));
+                }
                 None => match set_up() {
                     Ok(state) => {
                         site.sketch_rows.insert(key, state);
@@ -1161,6 +1207,12 @@ impl GpuBackend {
                         _ => return Err(Skip::new(format!("sketch set-up: {}", pool_reason(&e)))),
                     },
                 },
+            }
+            if in_stream.is_some() && !gates_only && site.sketch_rows.len() < SHARED_COUNTS_MAX {
+                // Later captures of this count: its gates, and a capturing stream's scratch.
+                if let Some(state) = self.gates_only_setup(req.sketch.probes, req.sketch.rows_per_call) {
+                    site.sketch_rows.insert(key, state);
+                }
             }
             if let Some((scratch, geometry)) = &in_stream {
                 if site.shared_counts.len() < SHARED_COUNTS_MAX {
@@ -1185,6 +1237,7 @@ impl GpuBackend {
             return Ok(());
         }
         let SketchRowState { scratch, gates } = &site.sketch_rows[&key];
+        let scratch = scratch.as_ref().expect("a count's own state (checked above)");
         let rows = if capturing || req.device_gate.is_some() {
             // Each replay draws new rows; a gated check advances the count only when it runs.
             QsRowSel::sample(&sample, site.epoch.ptr, 0, true)
@@ -1217,6 +1270,100 @@ impl GpuBackend {
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
         self.note_check_node(req, stream, Some(gate_field!(abi::QsSketchParams)));
         Ok(())
+    }
+
+    /// A captured check of a row count set up with gates only ([`SketchRowState::scratch`]):
+    /// on the capturing stream, in that stream's [`GraphScratch`], gated like any captured
+    /// check. A skip where no scratch is left for another capturing stream.
+    fn sketch_captured_shared(
+        &self,
+        req: &CheckRequest,
+        g: &QsGemmDesc,
+        entries: crate::device::gpu::SketchEntries,
+        sample: &RowSample,
+        site: &mut SiteGpu,
+        stream: Stream,
+    ) -> Result<(), Skip> {
+        let info = &self.checker.info;
+        let geometry = crate::device::abi::SketchGeometry::new(
+            sample.count,
+            g.k,
+            g.n,
+            req.sketch.probes,
+            info.multiprocessors,
+            info.warp_size,
+        )
+        .map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        let scratch = {
+            let mut shared = self.graph_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (stream.0, geometry.kp);
+            match shared.taken.get(&key) {
+                Some(s) => Some(s.clone()),
+                // Several threads may capture on per-thread default streams: one handle.
+                None if stream == PER_THREAD_STREAM => None,
+                None => {
+                    let taken = shared.spare.get_mut(&geometry.kp).and_then(Vec::pop);
+                    if let Some(s) = &taken {
+                        shared.taken.insert(key, s.clone());
+                    }
+                    taken
+                }
+            }
+        };
+        let Some(scratch) = scratch.filter(|s| s.fits(&geometry)) else {
+            return Err(Skip::new(CAPTURE_NO_GRAPH_SCRATCH));
+        };
+        let state = &site.sketch_rows[&sample.count];
+        let weight = site.weight.as_ref().expect("set by the caller");
+        let rows = QsRowSel::sample(sample, site.epoch.ptr, 0, true);
+        let mut prepared = self
+            .checker
+            .prepare_sketch_check_in(
+                entries,
+                g,
+                rows,
+                weight,
+                &scratch,
+                &geometry,
+                (req.site_id, req.call_seq),
+                true,
+            )
+            .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
+        if let Some(rule) = req.device_gate {
+            let counter = state.gates.ptr + 8 * prepared.is_lean() as u64;
+            let gate = abi::DeviceGate::new(counter, rule.first, rule.every);
+            prepared.params.gate_ptr = gate.ptr;
+            prepared.params.gate_first = gate.first;
+            prepared.params.gate_every = gate.every;
+        }
+        self.checker
+            .launch_prepared(&prepared, stream)
+            .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
+        self.note_check_node(req, stream, Some(gate_field!(abi::QsSketchParams)));
+        Ok(())
+    }
+
+    /// Gates for later captures of a row count that gets no scratch of its own, outside a
+    /// capture; tops the spare [`GraphScratch`]es up to [`GRAPH_SCRATCH_SPARES`] (up to
+    /// [`GRAPH_SCRATCH_STREAMS`] made). None where the pool holds no gates, or no graph scratch
+    /// was ever made (its captures are then skipped).
+    fn gates_only_setup(&self, probes: u32, rows_per_call: u64) -> Option<SketchRowState> {
+        let kp = abi::padded_probes(probes).ok()?;
+        let mut shared = self.graph_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        while shared.spare.get(&kp).map_or(0, Vec::len) < GRAPH_SCRATCH_SPARES
+            && shared.made(kp) < GRAPH_SCRATCH_STREAMS
+        {
+            let max_rows = rows_per_call.min(STREAM_SCRATCH_ROWS);
+            match self.checker.sketch_scratch_up_to(max_rows, probes) {
+                Ok(s) => shared.spare.entry(kp).or_default().push(Arc::new(s)),
+                Err(_) => break,
+            }
+        }
+        if shared.made(kp) == 0 {
+            return None; // no capture could check this count
+        }
+        drop(shared);
+        Some(SketchRowState { scratch: None, gates: self.checker.alloc_zeroed(16).ok()? })
     }
 
     /// The scratch of eager checks on `stream` that have none of their own, and the geometry of
@@ -2685,7 +2832,7 @@ mod tests {
             let (own, shared) = {
                 let sites = backend.sites.lock().unwrap();
                 let s = &sites[&site_of(&first)];
-                (s.sketch_rows.len(), s.shared_counts.len())
+                (s.sketch_rows.values().filter(|s| s.scratch.is_some()).count(), s.shared_counts.len())
             };
             assert_eq!(own + shared, 70, "{pool_mib} MiB");
             assert!(own <= ROW_STATES_PER_SITE && shared > 0, "{pool_mib} MiB: {own} own, {shared} shared");
@@ -2697,15 +2844,21 @@ mod tests {
             check(&first, 75, 9).0.unwrap();
             let _ = check(&first, 76, PER_THREAD_STREAM.0);
             assert_eq!(backend.stream_scratch.lock().unwrap().len(), 2);
-            // A capture of a row count checked in the stream's scratch says why it is skipped.
-            let shared_count =
-                *backend.sites.lock().unwrap()[&site_of(&first)].shared_counts.keys().next().unwrap();
+            // A capture of a row count checked in the stream's scratch is checked in the
+            // capturing stream's graph scratch where the count got its gates, else says why
+            // it is skipped.
+            let (shared_count, gated) = {
+                let sites = backend.sites.lock().unwrap();
+                let s = &sites[&site_of(&first)];
+                let count = *s.shared_counts.keys().next().unwrap();
+                (count, s.sketch_rows.get(&count).is_some_and(|s| s.scratch.is_none()))
+            };
             rt.begin_capture(Stream(7));
             // (With the side stream, a size whose detached state was set up while the pool had
             // room is captured detached.)
             match check(&first, shared_count, 7).0 {
                 Err(skip) => assert_eq!(skip.0, CAPTURE_NO_ROOM_FOR_ROW_COUNT),
-                Ok(()) => assert!(side_stream, "{pool_mib} MiB: captured without state"),
+                Ok(()) => assert!(side_stream || gated, "{pool_mib} MiB: captured without state"),
             }
             rt.end_capture(Stream(7));
             // A destroyed stream's scratch goes back to the pool once its last check has run;
@@ -2729,6 +2882,92 @@ mod tests {
             let (_, launched) = check(&first, shared_count, 7);
             assert_eq!(launched, 1);
         }
+    }
+
+    #[test]
+    fn captures_of_row_counts_without_scratch_of_their_own_share_their_streams_graph_scratch() {
+        // A server warms up and captures many batch sizes over many sites: once the pool is
+        // three quarters full, eager calls of a new size get gates only, and that size's
+        // captured checks run in their capturing stream's graph scratch instead of being skipped.
+        let rt = Arc::new(FakeRuntime::with_kernels());
+        rt.context.store(0xc0de, Ordering::Relaxed);
+        let mut settings = fake_settings();
+        settings.pool_bytes = 24 << 20;
+        let backend = GpuBackend::new(rt.clone(), "fake", &settings).unwrap();
+        let thresholds = crate::thresholds::Thresholds::default();
+        // Wide enough for the scratch of the first sizes to fill the pool (16 splits).
+        let sites = [bf16_call(&rt, (80, 2048, 2048)), bf16_call(&rt, (80, 2048, 1024))];
+        let gate = Some(crate::engine::config::Sampling { first: 0, every: 10 });
+        let probes = CheckRequest::sketch_for_test(&sites[0], &thresholds).sketch.probes;
+        let kp = abi::padded_probes(probes).unwrap();
+        let check = |call: &crate::intercept::InterceptedGemm, m: u64, stream: u64, captured: bool| {
+            let mut call = call.clone();
+            (call.problem.m, call.stream) = (m, stream);
+            let req = CheckRequest {
+                site_id: crate::engine::sites::Sites::id_of(&call),
+                device_gate: if captured { gate } else { None },
+                ..CheckRequest::sketch_for_test(&call, &thresholds)
+            };
+            backend.after_call(&req, PreCall::default())
+        };
+        // Warm-up: every size eagerly on stream 7 (the pool fills with the first sizes' scratch).
+        for m in 1..=100 {
+            for site in &sites {
+                check(site, m, 7, false).unwrap_or_else(|s| panic!("m = {m}: {}", s.0));
+            }
+        }
+        let counts = |own: bool| {
+            let all = backend.sites.lock().unwrap();
+            let site = &all[&crate::engine::sites::Sites::id_of(&sites[0])];
+            site.sketch_rows.values().filter(|s| s.scratch.is_some() == own).count()
+        };
+        let (own, gates_only) = (counts(true), counts(false));
+        assert!(own > 0 && gates_only > 0 && own + gates_only == 100, "{own} own, {gates_only} gates only");
+        let pool = backend.checker.pool().unwrap().stats();
+        assert!(pool.in_use <= pool.capacity, "{pool:?}");
+        assert_eq!(backend.graph_scratch.lock().unwrap().made(kp), GRAPH_SCRATCH_SPARES);
+        // Capture every size on stream 21 (as vLLM's graph stream): each is checked in the graph.
+        let capture = rt.begin_capture(Stream(21));
+        for m in 1..=100 {
+            for site in &sites {
+                check(site, m, 21, true).unwrap_or_else(|s| panic!("captured m = {m}: {}", s.0));
+            }
+        }
+        let graph = rt.end_capture(Stream(21));
+        assert_eq!(graph.capture, capture);
+        assert_eq!(graph.labelled("qs_sketch_check").len(), 200, "one check node per captured call");
+        {
+            let shared = backend.graph_scratch.lock().unwrap();
+            assert_eq!(shared.taken.len(), 1, "one scratch for the capturing stream");
+            assert!(shared.taken.contains_key(&(21, kp)));
+        }
+        // A graph forking to another stream: its checks there take the other spare; a third
+        // capturing stream finds none left until eager set-ups make more.
+        rt.begin_capture(Stream(23));
+        check(&sites[0], 100, 23, true).unwrap();
+        rt.end_capture(Stream(23));
+        rt.begin_capture(Stream(25));
+        assert_eq!(check(&sites[0], 100, 25, true).unwrap_err().0, CAPTURE_NO_GRAPH_SCRATCH);
+        rt.end_capture(Stream(25));
+        for m in 101..=104 {
+            check(&sites[0], m, 7, false).unwrap();
+        }
+        rt.begin_capture(Stream(25));
+        check(&sites[0], 104, 25, true).unwrap();
+        rt.end_capture(Stream(25));
+        assert!(backend.graph_scratch.lock().unwrap().made(kp) <= GRAPH_SCRATCH_STREAMS);
+        // A count set up with gates only stays so: later eager calls on another stream use
+        // that stream's scratch and keep the gates that graphs hold.
+        let gates_of = |m: u64| {
+            let all = backend.sites.lock().unwrap();
+            let site = &all[&crate::engine::sites::Sites::id_of(&sites[0])];
+            let state = &site.sketch_rows[&m];
+            (state.scratch.is_some(), state.gates.ptr)
+        };
+        let before = gates_of(100);
+        assert!(!before.0);
+        check(&sites[0], 100, 9, false).unwrap();
+        assert_eq!(gates_of(100), before);
     }
 
     #[test]
