@@ -733,9 +733,8 @@ fn skipped_calls(config: &ConfigurationReport) -> Option<String> {
         let pool =
             config.settings.iter().find(|kv| kv.key == "pool_mib").map(|kv| format!(" ({} MiB)", kv.value));
         advice.push_str(&format!(
-            " The shim's device pool{} was full: raise `QUANTSHADOW_POOL_MB`. Checks of graph-captured \
-             calls need state set up per site and batch size, so a server capturing many batch sizes \
-             needs a larger pool.",
+            " The shim's device pool{} was full: raise `QUANTSHADOW_POOL_MB` (every site needs its \
+             weight projection, and sizes checked with state of their own need more).",
             pool.unwrap_or_default()
         ));
     }
@@ -745,7 +744,10 @@ fn skipped_calls(config: &ConfigurationReport) -> Option<String> {
              (`QUANTSHADOW_SAMPLE=1/N`) to check a steady share of them.",
         );
     }
-    if any("graph capture:") {
+    if c.skipped
+        .iter()
+        .any(|s| s.reason.starts_with("graph capture:") && !s.reason.contains("shared check scratch"))
+    {
         advice.push_str(
             " A captured call is checked only if its site and batch size ran outside a capture \
              first (set-up cannot happen while capturing): warm each captured size up eagerly, as \

@@ -52,6 +52,12 @@ pub struct FakeRuntime {
     pub quiet: std::sync::atomic::AtomicBool,
     /// What `current_context` answers (0: None, the default).
     pub context: AtomicU64,
+    /// (name part, bytes): launches of functions whose name contains the part record the first
+    /// `bytes` bytes of their single by-value parameter in `params`. The test setting it must
+    /// name kernels whose parameter is at least that large.
+    pub record_params: Mutex<Option<(String, usize)>>,
+    /// What `record_params` recorded: (function name, stream, bytes), in launch order.
+    pub params: Mutex<Vec<(String, u64, Vec<u8>)>>,
     /// Set by the first `begin_capture`: until then stream work takes no capture lock.
     captures_begun: AtomicBool,
     captures: Mutex<Captures>,
@@ -478,7 +484,7 @@ impl GpuRuntime for FakeRuntime {
         _b: [u32; 3],
         _s: u32,
         st: Stream,
-        _p: &mut [*mut c_void],
+        p: &mut [*mut c_void],
         _o: LaunchOrder,
     ) -> Result<(), DeviceError> {
         let capturing = self.capturing(st);
@@ -489,6 +495,15 @@ impl GpuRuntime for FakeRuntime {
         self.refuse_failing(&name)?;
         if !self.kernels {
             return unsupported();
+        }
+        let wanted = self.record_params.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some((_, bytes)) = wanted.filter(|(part, _)| name.contains(part.as_str())) {
+            if let [param] = p {
+                // SAFETY: the caller's parameter pointer is valid for the launch, and the test that
+                // asked for `bytes` names only kernels whose parameter is that large (field doc).
+                let raw = unsafe { std::slice::from_raw_parts(*param as *const u8, bytes) }.to_vec();
+                self.params.lock().unwrap_or_else(|e| e.into_inner()).push((name.clone(), st.0, raw));
+            }
         }
         if capturing {
             let mut c = self.captures();

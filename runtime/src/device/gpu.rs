@@ -629,6 +629,12 @@ pub struct SketchScratch {
 }
 
 impl SketchScratch {
+    /// Where its partials are (tests: which scratch a launched check was given).
+    #[cfg(test)]
+    pub(crate) fn partials_ptr(&self) -> u64 {
+        self.partials.ptr
+    }
+
     /// Whether a check of `geometry` fits in these buffers (a check of the scratch's own
     /// geometry always does). The lean form of a check needs no more than its general one
     /// (its splits meet in distributed shared memory, not in the partials; its rows' records

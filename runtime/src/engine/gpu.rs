@@ -195,6 +195,8 @@ struct SiteGpu {
     /// on that stream take neither a lock nor a set-up.
     shared_counts: FxHashMap<u64, crate::device::abi::SketchGeometry>,
     stream_cache: Option<(Stream, Arc<SketchScratch>)>,
+    /// Gates of the row counts set up with gates only.
+    gate_slabs: GateSlabs,
 }
 
 /// The warning about released kept projections is given once.
@@ -208,8 +210,9 @@ type StreamScratchKey = (u64, u32);
 /// them); eager checks of further counts use their stream's scratch. Above the ~35 row counts
 /// a server's captured batch sizes come to (counts stop at the sampled rows, 256).
 const ROW_STATES_PER_SITE: usize = 64;
-/// Row counts a site remembers having checked in a stream's scratch (a capture of one is then
-/// skipped with [`CAPTURE_NO_ROOM_FOR_ROW_COUNT`]).
+/// Row counts a site remembers having checked in a stream's scratch, and row counts set up with
+/// gates only (captured in a [`GraphScratch`]); past it, a capture of such a count is skipped
+/// ([`CAPTURE_NO_ROOM_FOR_ROW_COUNT`]).
 const SHARED_COUNTS_MAX: usize = 1024;
 /// Streams with a scratch for eager checks of any site ([`GpuBackend::stream_scratch`]).
 const STREAM_SCRATCH_MAX: usize = 64;
@@ -217,9 +220,9 @@ const STREAM_SCRATCH_MAX: usize = 64;
 const STREAM_SCRATCH_ROWS: u64 = 1024;
 /// Capturing streams with a [`GraphScratch`] of their own (per padded probe count).
 const GRAPH_SCRATCH_STREAMS: usize = 4;
-/// Spare [`GraphScratch`]es kept ready (a capture cannot make one): a capture stream and one
-/// stream its graph forks to.
-const GRAPH_SCRATCH_SPARES: usize = 2;
+/// Spare [`GraphScratch`]es kept ready (a capture cannot make one); a capture that finds none
+/// has the next eager check make another, for later captures.
+const GRAPH_SCRATCH_SPARES: usize = 1;
 
 /// Scratch of captured sketch checks whose row count has no scratch of its own (set up while
 /// the pool was three quarters full: a server capturing ~35 batch sizes over hundreds of sites
@@ -260,8 +263,37 @@ struct SketchRowState {
     /// must have the same grid. Graphs captured at several batch sizes put checks of different
     /// row counts (different grids) on one site: one shared counter let the blocks of one launch
     /// disagree (wrong results with the general kernel, a hang at a cluster barrier with the
-    /// lean one).
-    gates: DeviceBuffer,
+    /// lean one). Device address: its own buffer (`_gates`), or two counters of the site's
+    /// [`GateSlabs`] for a count with gates only.
+    gates: u64,
+    _gates: Option<DeviceBuffer>,
+}
+
+/// Gate counters of a site's row counts set up with gates only, carved from zeroed blocks of
+/// [`GATE_SLAB_BYTES`] (one allocation and one zeroing per 256 counts, not per count).
+#[derive(Default)]
+struct GateSlabs {
+    blocks: Vec<DeviceBuffer>,
+    used: usize,
+}
+
+/// A block of gate counters: 256 counts x [general, lean] u64.
+const GATE_SLAB_BYTES: usize = 4096;
+const GATE_BYTES: usize = 16;
+
+impl GateSlabs {
+    /// The next free pair of zeroed counters; a new block when the last is full (None: the
+    /// pool has no room for one).
+    fn take(&mut self, checker: &crate::device::gpu::GpuChecker) -> Option<u64> {
+        let per_block = GATE_SLAB_BYTES / GATE_BYTES;
+        if self.used == self.blocks.len() * per_block {
+            self.blocks.push(checker.alloc_zeroed(GATE_SLAB_BYTES).ok()?);
+        }
+        let block = &self.blocks[self.used / per_block];
+        let ptr = block.ptr + ((self.used % per_block) * GATE_BYTES) as u64;
+        self.used += 1;
+        Some(ptr)
+    }
 }
 
 struct RowsState {
@@ -707,9 +739,13 @@ const CAPTURE_NEW_ROW_COUNT: &str =
     "graph capture: this row count of the site was never seen outside a capture (run that batch size once first)";
 /// A captured call of a row count whose eager calls ran in their stream's scratch.
 const CAPTURE_NO_ROOM_FOR_ROW_COUNT: &str = "graph capture: this row count ran eagerly in its stream's scratch, and the device pool had no room for the gates and shared scratch its captures need";
-/// In-place calls (D aliases C): no copy buffer of this size yet.
+/// A call made in a context the backend's handles do not belong to ([`GpuBackend::same_device`]).
 const OTHER_CONTEXT: &str = "call in another context than the one the device's checks were set up in";
-const CAPTURE_NO_GRAPH_SCRATCH: &str = "graph capture: no shared check scratch left for this capturing stream (four capturing streams have one), or more sampled rows than it holds";
+/// A captured check of a count with gates only, where no [`GraphScratch`] could be handed out.
+const CAPTURE_NO_GRAPH_SCRATCH: &str = "graph capture: no shared check scratch for this capturing stream (four capturing streams have one, or none was spare yet), or more sampled rows than it holds";
+const CAPTURE_PER_THREAD_STREAM: &str =
+    "graph capture on a per-thread default stream: no shared check scratch there (one handle for every thread)";
+/// In-place calls (D aliases C): no copy buffer of this size yet.
 const CAPTURE_NEW_C_COPY: &str = "graph capture: no in-place C copy of this size set up outside a capture";
 /// Eager snapshot buffers per device (all sites share them).
 const EAGER_SNAPSHOTS: usize = 4;
@@ -784,6 +820,9 @@ pub struct GpuBackend {
     stream_scratch: Mutex<FxHashMap<StreamScratchKey, Arc<SketchScratch>>>,
     /// Scratch of captured checks of row counts set up without their own ([`GraphScratch`]).
     graph_scratch: Mutex<GraphScratch>,
+    /// A capture found no spare [`GraphScratch`]: the next eager sketch check makes one (a
+    /// relaxed load per eager check).
+    graph_scratch_missed: std::sync::atomic::AtomicBool,
     /// Scratch and branch chain of captured detached checks per shape (taken under the sites
     /// lock).
     graph_chains: Mutex<HashMap<ShapeKey, GraphChain>>,
@@ -890,6 +929,7 @@ impl GpuBackend {
             eager_scratch: Mutex::default(),
             stream_scratch: Mutex::default(),
             graph_scratch: Mutex::default(),
+            graph_scratch_missed: std::sync::atomic::AtomicBool::new(false),
             graph_chains: Mutex::default(),
             deferred: Mutex::default(),
             largest_weights: Mutex::default(),
@@ -1006,6 +1046,7 @@ impl GpuBackend {
                     weight_ptr: req.call.buffers.b,
                     weight: None,
                     sketch_rows: FxHashMap::default(),
+                    gate_slabs: GateSlabs::default(),
                     epoch,
                     eager_epoch: 0,
                     rows_state: FxHashMap::default(),
@@ -1087,6 +1128,9 @@ impl GpuBackend {
         };
         let total_rows = g.total_rows();
         let sample = RowSample::new(req.sketch.seed, total_rows, req.sketch.rows_per_call);
+        if !capturing && self.graph_scratch_missed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.top_up_graph_scratch(req.sketch.probes, req.sketch.rows_per_call);
+        }
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
         let site = self.site_state(&mut sites, req, capturing)?;
         let changed = changes.is_some_and(|c| c.pending);
@@ -1182,7 +1226,8 @@ impl GpuBackend {
             let set_up = || -> Result<SketchRowState, crate::device::DeviceError> {
                 let scratch =
                     self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false)?;
-                Ok(SketchRowState { scratch: Some(scratch), gates: self.checker.alloc_zeroed(16)? })
+                let gates = self.checker.alloc_zeroed(GATE_BYTES)?;
+                Ok(SketchRowState { scratch: Some(scratch), gates: gates.ptr, _gates: Some(gates) })
             };
             // A count set up with gates only keeps them (graphs may hold them): no own scratch.
             let gates_only = site.sketch_rows.contains_key(&key);
@@ -1195,8 +1240,15 @@ impl GpuBackend {
             };
             match shared {
                 Some(s) => in_stream = Some(s),
+                // No stream scratch here (a per-thread default stream, too many streams): the
+                // count gets scratch of its own, and keeps the gates its graphs hold.
                 None if gates_only => {
-                    return Err(Skip::new("sketch set-up: no scratch for this stream's checks"));
+                    match self.checker.sketch_scratch(sample.count, g.k, g.n, req.sketch.probes, false) {
+                        Ok(scratch) => {
+                            site.sketch_rows.get_mut(&key).expect("gates only").scratch = Some(scratch)
+                        }
+                        Err(e) => return Err(Skip::new(format!("sketch set-up: {}", pool_reason(&e)))),
+                    }
                 }
                 None => match set_up() {
                     Ok(state) => {
@@ -1210,8 +1262,10 @@ impl GpuBackend {
             }
             if in_stream.is_some() && !gates_only && site.sketch_rows.len() < SHARED_COUNTS_MAX {
                 // Later captures of this count: its gates, and a capturing stream's scratch.
-                if let Some(state) = self.gates_only_setup(req.sketch.probes, req.sketch.rows_per_call) {
-                    site.sketch_rows.insert(key, state);
+                if self.top_up_graph_scratch(req.sketch.probes, req.sketch.rows_per_call) {
+                    if let Some(gates) = site.gate_slabs.take(&self.checker) {
+                        site.sketch_rows.insert(key, SketchRowState { scratch: None, gates, _gates: None });
+                    }
                 }
             }
             if let Some((scratch, geometry)) = &in_stream {
@@ -1236,7 +1290,7 @@ impl GpuBackend {
                 .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
             return Ok(());
         }
-        let SketchRowState { scratch, gates } = &site.sketch_rows[&key];
+        let SketchRowState { scratch, gates, .. } = &site.sketch_rows[&key];
         let scratch = scratch.as_ref().expect("a count's own state (checked above)");
         let rows = if capturing || req.device_gate.is_some() {
             // Each replay draws new rows; a gated check advances the count only when it runs.
@@ -1258,13 +1312,7 @@ impl GpuBackend {
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
         // A gated check (captured only) may end without waiting for the GEMM: never early.
         prepared.early_start &= !projected_now && req.device_gate.is_none();
-        if let Some(rule) = req.device_gate {
-            let counter = gates.ptr + 8 * prepared.is_lean() as u64;
-            let gate = abi::DeviceGate::new(counter, rule.first, rule.every);
-            prepared.params.gate_ptr = gate.ptr;
-            prepared.params.gate_first = gate.first;
-            prepared.params.gate_every = gate.every;
-        }
+        set_sketch_gate(&mut prepared, *gates, req.device_gate);
         self.checker
             .launch_prepared(&prepared, stream)
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
@@ -1294,19 +1342,29 @@ impl GpuBackend {
             info.warp_size,
         )
         .map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        if stream == PER_THREAD_STREAM {
+            // Several threads may capture on their per-thread default streams: one handle.
+            return Err(Skip::new(CAPTURE_PER_THREAD_STREAM));
+        }
         let scratch = {
             let mut shared = self.graph_scratch.lock().unwrap_or_else(|e| e.into_inner());
             let key = (stream.0, geometry.kp);
             match shared.taken.get(&key) {
                 Some(s) => Some(s.clone()),
-                // Several threads may capture on per-thread default streams: one handle.
-                None if stream == PER_THREAD_STREAM => None,
                 None => {
-                    let taken = shared.spare.get_mut(&geometry.kp).and_then(Vec::pop);
-                    if let Some(s) = &taken {
-                        shared.taken.insert(key, s.clone());
+                    let spares = shared.spare.entry(geometry.kp).or_default();
+                    match spares.iter().rposition(|s| s.fits(&geometry)) {
+                        Some(i) => {
+                            let s = spares.remove(i);
+                            shared.taken.insert(key, s.clone());
+                            Some(s)
+                        }
+                        None => {
+                            // The next eager check makes one, for later captures.
+                            self.graph_scratch_missed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            None
+                        }
                     }
-                    taken
                 }
             }
         };
@@ -1329,13 +1387,7 @@ impl GpuBackend {
                 true,
             )
             .map_err(|e| Skip::new(format!("sketch: {}", short(&e.to_string()))))?;
-        if let Some(rule) = req.device_gate {
-            let counter = state.gates.ptr + 8 * prepared.is_lean() as u64;
-            let gate = abi::DeviceGate::new(counter, rule.first, rule.every);
-            prepared.params.gate_ptr = gate.ptr;
-            prepared.params.gate_first = gate.first;
-            prepared.params.gate_every = gate.every;
-        }
+        set_sketch_gate(&mut prepared, state.gates, req.device_gate);
         self.checker
             .launch_prepared(&prepared, stream)
             .map_err(|e| Skip::new(format!("sketch launch: {}", short(&e.to_string()))))?;
@@ -1343,12 +1395,12 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Gates for later captures of a row count that gets no scratch of its own, outside a
-    /// capture; tops the spare [`GraphScratch`]es up to [`GRAPH_SCRATCH_SPARES`] (up to
-    /// [`GRAPH_SCRATCH_STREAMS`] made). None where the pool holds no gates, or no graph scratch
-    /// was ever made (its captures are then skipped).
-    fn gates_only_setup(&self, probes: u32, rows_per_call: u64) -> Option<SketchRowState> {
-        let kp = abi::padded_probes(probes).ok()?;
+    /// Outside a capture: makes spare [`GraphScratch`]es up to [`GRAPH_SCRATCH_SPARES`] (up to
+    /// [`GRAPH_SCRATCH_STREAMS`] made, fewer where the pool has no room). Whether one was ever
+    /// made: without, no capture of a count set up with gates only could be checked.
+    fn top_up_graph_scratch(&self, probes: u32, rows_per_call: u64) -> bool {
+        let Ok(kp) = abi::padded_probes(probes) else { return false };
+        self.graph_scratch_missed.store(false, std::sync::atomic::Ordering::Relaxed);
         let mut shared = self.graph_scratch.lock().unwrap_or_else(|e| e.into_inner());
         while shared.spare.get(&kp).map_or(0, Vec::len) < GRAPH_SCRATCH_SPARES
             && shared.made(kp) < GRAPH_SCRATCH_STREAMS
@@ -1359,11 +1411,7 @@ impl GpuBackend {
                 Err(_) => break,
             }
         }
-        if shared.made(kp) == 0 {
-            return None; // no capture could check this count
-        }
-        drop(shared);
-        Some(SketchRowState { scratch: None, gates: self.checker.alloc_zeroed(16).ok()? })
+        shared.made(kp) > 0
     }
 
     /// The scratch of eager checks on `stream` that have none of their own, and the geometry of
@@ -2290,6 +2338,21 @@ impl GpuBackend {
     }
 }
 
+/// Gates `prepared` by `rule` on the device: the count's counter pair at `gates`, the general
+/// or the lean kernel's (each counts its own launches, whose grids agree).
+fn set_sketch_gate(
+    prepared: &mut crate::device::gpu::PreparedLaunch<abi::QsSketchParams>,
+    gates: u64,
+    rule: Option<super::config::Sampling>,
+) {
+    if let Some(rule) = rule {
+        let gate = abi::DeviceGate::new(gates + 8 * prepared.is_lean() as u64, rule.first, rule.every);
+        prepared.params.gate_ptr = gate.ptr;
+        prepared.params.gate_first = gate.first;
+        prepared.params.gate_every = gate.every;
+    }
+}
+
 /// The rows of an eager check on the caller's stream, drawn by the site's host-counted epoch
 /// `next`. Only checks of sampled rows move the count on, as they move the device counter: a
 /// site's decode calls (every row) between two prefills must not make the prefills' windows
@@ -2565,6 +2628,18 @@ impl Backend for GpuBackend {
                 // A check being prepared right now holds it too: never given back (its last
                 // holder cannot know when the GPU is done with it).
                 Err(shared) => std::mem::forget(shared),
+            }
+        }
+        // Its graph scratch may serve another capturing stream: graphs checking in it are
+        // replayed in turn with the new stream's (the assumption every captured check makes).
+        {
+            let mut shared = self.graph_scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<StreamScratchKey> =
+                shared.taken.keys().filter(|k| k.0 == stream.0).copied().collect();
+            for key in keys {
+                if let Some(s) = shared.taken.remove(&key) {
+                    shared.spare.entry(key.1).or_default().push(s);
+                }
             }
         }
         // A copy pending on it (a capture never ended) can never be added.
@@ -2900,8 +2975,9 @@ mod tests {
         let gate = Some(crate::engine::config::Sampling { first: 0, every: 10 });
         let probes = CheckRequest::sketch_for_test(&sites[0], &thresholds).sketch.probes;
         let kp = abi::padded_probes(probes).unwrap();
-        let check = |call: &crate::intercept::InterceptedGemm, m: u64, stream: u64, captured: bool| {
-            let mut call = call.clone();
+        let site_id = |site: usize| crate::engine::sites::Sites::id_of(&sites[site]);
+        let check = |site: usize, m: u64, stream: u64, captured: bool| {
+            let mut call = sites[site].clone();
             (call.problem.m, call.stream) = (m, stream);
             let req = CheckRequest {
                 site_id: crate::engine::sites::Sites::id_of(&call),
@@ -2910,64 +2986,118 @@ mod tests {
             };
             backend.after_call(&req, PreCall::default())
         };
+        // (own scratch's partials, gates) of a site's row count.
+        let state_of = |site: usize, m: u64| {
+            let all = backend.sites.lock().unwrap();
+            let state = &all[&site_id(site)].sketch_rows[&m];
+            (state.scratch.as_ref().map(|s| s.partials_ptr()), state.gates)
+        };
         // Warm-up: every size eagerly on stream 7 (the pool fills with the first sizes' scratch).
         for m in 1..=100 {
-            for site in &sites {
+            for site in 0..2 {
                 check(site, m, 7, false).unwrap_or_else(|s| panic!("m = {m}: {}", s.0));
             }
         }
-        let counts = |own: bool| {
-            let all = backend.sites.lock().unwrap();
-            let site = &all[&crate::engine::sites::Sites::id_of(&sites[0])];
-            site.sketch_rows.values().filter(|s| s.scratch.is_some() == own).count()
-        };
-        let (own, gates_only) = (counts(true), counts(false));
-        assert!(own > 0 && gates_only > 0 && own + gates_only == 100, "{own} own, {gates_only} gates only");
-        let pool = backend.checker.pool().unwrap().stats();
-        assert!(pool.in_use <= pool.capacity, "{pool:?}");
+        let own: Vec<u64> = (1..=100).filter(|&m| state_of(0, m).0.is_some()).collect();
+        assert!(!own.is_empty() && own.len() < 100, "{} own", own.len());
+        let pool = backend.checker.pool().unwrap();
+        assert!(pool.stats().in_use <= pool.stats().capacity);
         assert_eq!(backend.graph_scratch.lock().unwrap().made(kp), GRAPH_SCRATCH_SPARES);
-        // Capture every size on stream 21 (as vLLM's graph stream): each is checked in the graph.
+        // Capture every size on stream 21 (as vLLM's graph stream): each is checked in the graph,
+        // and the capture allocates nothing.
+        *rt.record_params.lock().unwrap() =
+            Some(("qs_sketch_check".into(), size_of::<abi::QsSketchParams>()));
+        let before = (pool.stats().in_use, pool.stats().blocks);
         let capture = rt.begin_capture(Stream(21));
+        rt.take_log();
         for m in 1..=100 {
-            for site in &sites {
+            for site in 0..2 {
                 check(site, m, 21, true).unwrap_or_else(|s| panic!("captured m = {m}: {}", s.0));
             }
         }
+        let launches: Vec<String> =
+            rt.take_log().into_iter().filter(|l| l.contains("qs_sketch_check")).collect();
         let graph = rt.end_capture(Stream(21));
         assert_eq!(graph.capture, capture);
         assert_eq!(graph.labelled("qs_sketch_check").len(), 200, "one check node per captured call");
+        assert_eq!((pool.stats().in_use, pool.stats().blocks), before, "nothing allocated while capturing");
+        let shared = backend.graph_scratch.lock().unwrap().taken[&(21, kp)].partials_ptr();
+        let params = std::mem::take(&mut *rt.params.lock().unwrap());
+        assert_eq!((params.len(), launches.len()), (200, 200));
+        for m in 1..=100u64 {
+            for site in 0..2 {
+                let n = 2 * (m as usize - 1) + site;
+                // SAFETY: recorded from a qs_sketch_check launch, whose parameter is a QsSketchParams.
+                let p: abi::QsSketchParams = unsafe { std::ptr::read_unaligned(params[n].2.as_ptr().cast()) };
+                let (own_partials, gates) = state_of(site, m);
+                // Each count's own gates (the general kernel's counter), and the scratch of its
+                // own or else the stream's graph scratch.
+                assert_eq!(p.gate_ptr, gates, "m = {m}, site {site}");
+                assert_eq!(p.partials_ptr, own_partials.unwrap_or(shared), "m = {m}, site {site}");
+                // The grid a check of this count has whichever scratch it runs in: one counter
+                // never sees two grids.
+                let (k, n_dim) = (sites[site].problem.k, sites[site].problem.n);
+                let info = &backend.checker.info;
+                let geometry =
+                    abi::SketchGeometry::new(m, k, n_dim, probes, info.multiprocessors, info.warp_size)
+                        .unwrap();
+                let [x, y, z] = geometry.launch.grid;
+                assert!(launches[n].contains(&format!(" {x}x{y}x{z} on 21")), "m = {m}: {}", launches[n]);
+            }
+        }
+        // Every count of a site counts its own launches.
+        for site in 0..2 {
+            let mut gates: Vec<u64> = (1..=100).map(|m| state_of(site, m).1).collect();
+            gates.sort_unstable();
+            gates.dedup();
+            assert_eq!(gates.len(), 100, "site {site}: one counter pair per count");
+        }
+        // A graph forking to another stream: its checks there need another spare, which only
+        // an eager check after the capture makes; later forks have it.
+        let fork = |expect_checked: bool| {
+            rt.begin_capture(Stream(21));
+            let e = rt.create_event().unwrap();
+            rt.record_event(e, Stream(21)).unwrap();
+            rt.wait_event(Stream(23), e).unwrap();
+            check(0, 100, 21, true).unwrap();
+            let forked = check(0, 100, 23, true);
+            rt.end_capture(Stream(21));
+            match expect_checked {
+                true => forked.unwrap(),
+                false => assert_eq!(forked.unwrap_err().0, CAPTURE_NO_GRAPH_SCRATCH),
+            }
+        };
+        fork(false);
+        check(0, 100, 7, false).unwrap();
+        fork(true);
         {
             let shared = backend.graph_scratch.lock().unwrap();
-            assert_eq!(shared.taken.len(), 1, "one scratch for the capturing stream");
-            assert!(shared.taken.contains_key(&(21, kp)));
+            let (a, b) = (&shared.taken[&(21, kp)], &shared.taken[&(23, kp)]);
+            assert_ne!(a.partials_ptr(), b.partials_ptr(), "forked branches never share scratch");
         }
-        // A graph forking to another stream: its checks there take the other spare; a third
-        // capturing stream finds none left until eager set-ups make more.
-        rt.begin_capture(Stream(23));
-        check(&sites[0], 100, 23, true).unwrap();
-        rt.end_capture(Stream(23));
+        // A per-thread default stream is one handle for every thread: never shared.
+        rt.begin_capture(PER_THREAD_STREAM);
+        assert_eq!(check(0, 100, PER_THREAD_STREAM.0, true).unwrap_err().0, CAPTURE_PER_THREAD_STREAM);
+        rt.end_capture(PER_THREAD_STREAM);
+        // A destroyed capturing stream's scratch serves the next one.
+        let forked = backend.graph_scratch.lock().unwrap().taken[&(23, kp)].partials_ptr();
+        backend.stream_destroyed(23);
         rt.begin_capture(Stream(25));
-        assert_eq!(check(&sites[0], 100, 25, true).unwrap_err().0, CAPTURE_NO_GRAPH_SCRATCH);
+        check(0, 100, 25, true).unwrap();
         rt.end_capture(Stream(25));
-        for m in 101..=104 {
-            check(&sites[0], m, 7, false).unwrap();
-        }
-        rt.begin_capture(Stream(25));
-        check(&sites[0], 104, 25, true).unwrap();
-        rt.end_capture(Stream(25));
+        assert_eq!(backend.graph_scratch.lock().unwrap().taken[&(25, kp)].partials_ptr(), forked);
         assert!(backend.graph_scratch.lock().unwrap().made(kp) <= GRAPH_SCRATCH_STREAMS);
-        // A count set up with gates only stays so: later eager calls on another stream use
-        // that stream's scratch and keep the gates that graphs hold.
-        let gates_of = |m: u64| {
-            let all = backend.sites.lock().unwrap();
-            let site = &all[&crate::engine::sites::Sites::id_of(&sites[0])];
-            let state = &site.sketch_rows[&m];
-            (state.scratch.is_some(), state.gates.ptr)
-        };
-        let before = gates_of(100);
-        assert!(!before.0);
-        check(&sites[0], 100, 9, false).unwrap();
-        assert_eq!(gates_of(100), before);
+        // A count set up with gates only keeps them: an eager call on another stream uses that
+        // stream's scratch; one on a stream without (a per-thread default stream) gets scratch
+        // of its own, still with the gates its graphs hold.
+        let gated = 100;
+        let (none, gates) = state_of(0, gated);
+        assert!(none.is_none());
+        check(0, gated, 9, false).unwrap();
+        assert_eq!(state_of(0, gated), (None, gates));
+        check(0, gated, PER_THREAD_STREAM.0, false).unwrap();
+        let (own_now, gates_now) = state_of(0, gated);
+        assert!(own_now.is_some() && gates_now == gates);
     }
 
     #[test]
