@@ -3025,7 +3025,7 @@ mod tests {
         let params = std::mem::take(&mut *rt.params.lock().unwrap());
         assert_eq!((params.len(), launches.len()), (200, 200));
         for m in 1..=100u64 {
-            for site in 0..2 {
+            for (site, call) in sites.iter().enumerate() {
                 let n = 2 * (m as usize - 1) + site;
                 // SAFETY: recorded from a qs_sketch_check launch, whose parameter is a QsSketchParams.
                 let p: abi::QsSketchParams = unsafe { std::ptr::read_unaligned(params[n].2.as_ptr().cast()) };
@@ -3036,7 +3036,7 @@ mod tests {
                 assert_eq!(p.partials_ptr, own_partials.unwrap_or(shared), "m = {m}, site {site}");
                 // The grid a check of this count has whichever scratch it runs in: one counter
                 // never sees two grids.
-                let (k, n_dim) = (sites[site].problem.k, sites[site].problem.n);
+                let (k, n_dim) = (call.problem.k, call.problem.n);
                 let info = &backend.checker.info;
                 let geometry =
                     abi::SketchGeometry::new(m, k, n_dim, probes, info.multiprocessors, info.warp_size)
