@@ -41,4 +41,11 @@ python3 tests/gpu/long_replay.py $W/lr_plain.json > /dev/null
 quantshadow run --mode sketch --sample all --label lr --out $W/lr -- python3 tests/gpu/long_replay.py $W/lr.json > $W/lr.txt 2>&1
 echo "lr rc $?; outputs $(same $W/lr_plain.json $W/lr.json)"; grep -E "^- Calls" $W/lr/report.md
 cp $W/mcs_60-32-all/report.md $OUT/mcs_60-32-all.md 2>/dev/null
+# Where the eager prefill's +9-10% goes: the same checks with fewer sampled rows (same launches
+# and host path, far less GPU work per check). Small Llama, sketch all, 300 x 2 trials each.
+ab() { env LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all QUANTSHADOW_LOG=warn "$@" 2>$W/ab_err.txt | grep '^{' | cut -c1-260 || tail -3 $W/ab_err.txt; }
+step "prefill A/B: sketch rows 256 (default), 16, 256"
+ab timeout 120 python3 tests/gpu/ab_pause.py "rows256 r1" --llama small --trials 300 --passes 2
+QUANTSHADOW_SKETCH_ROWS=16 ab timeout 120 python3 tests/gpu/ab_pause.py "rows16" --llama small --trials 300 --passes 2
+ab timeout 120 python3 tests/gpu/ab_pause.py "rows256 r2" --llama small --trials 300 --passes 2
 step end
