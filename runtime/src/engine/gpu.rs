@@ -1320,6 +1320,26 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// The geometry of a check of `sample`'s rows in a shared scratch: the one its own scratch
+    /// would have, so a count's launches keep one grid (its gate counters count by the grid).
+    fn shared_check_geometry(
+        &self,
+        g: &QsGemmDesc,
+        req: &CheckRequest,
+        sample: &RowSample,
+    ) -> Result<crate::device::abi::SketchGeometry, Skip> {
+        let info = &self.checker.info;
+        crate::device::abi::SketchGeometry::new(
+            sample.count,
+            g.k,
+            g.n,
+            req.sketch.probes,
+            info.multiprocessors,
+            info.warp_size,
+        )
+        .map_err(|e| Skip::new(format!("sketch: {e}")))
+    }
+
     /// A captured check of a row count set up with gates only ([`SketchRowState::scratch`]):
     /// on the capturing stream, in that stream's [`GraphScratch`], gated like any captured
     /// check. A skip where no scratch is left for another capturing stream.
@@ -1332,16 +1352,7 @@ impl GpuBackend {
         site: &mut SiteGpu,
         stream: Stream,
     ) -> Result<(), Skip> {
-        let info = &self.checker.info;
-        let geometry = crate::device::abi::SketchGeometry::new(
-            sample.count,
-            g.k,
-            g.n,
-            req.sketch.probes,
-            info.multiprocessors,
-            info.warp_size,
-        )
-        .map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        let geometry = self.shared_check_geometry(g, req, sample)?;
         if stream == PER_THREAD_STREAM {
             // Several threads may capture on their per-thread default streams: one handle.
             return Err(Skip::new(CAPTURE_PER_THREAD_STREAM));
@@ -1426,16 +1437,7 @@ impl GpuBackend {
         sample: &RowSample,
     ) -> Result<(Arc<SketchScratch>, crate::device::abi::SketchGeometry), Skip> {
         let fail = |e: crate::device::DeviceError| Skip::new(format!("sketch set-up: {}", pool_reason(&e)));
-        let info = &self.checker.info;
-        let geometry = crate::device::abi::SketchGeometry::new(
-            sample.count,
-            g.k,
-            g.n,
-            req.sketch.probes,
-            info.multiprocessors,
-            info.warp_size,
-        )
-        .map_err(|e| Skip::new(format!("sketch: {e}")))?;
+        let geometry = self.shared_check_geometry(g, req, sample)?;
         // A per-thread default stream is another stream on every thread, and no hook tells
         // when one ends: its checks keep their own scratch.
         if stream == PER_THREAD_STREAM {
