@@ -23,22 +23,12 @@ for sizes in 40; do
     done
   done
 done
-step "varied_batch.py with a 32 MiB pool (eager sizes past the pool's room: gates only)"
-python3 tests/gpu/varied_batch.py $W/vb_plain.json > /dev/null; echo "plain rc $?"
-QUANTSHADOW_POOL_MB=32 quantshadow run --mode sketch --sample all --label varied-batch-32 --out $W/vb32 -- python3 tests/gpu/varied_batch.py $W/vb32.json > $W/vb32.txt 2>&1
-echo "rc $?; outputs $(same $W/vb_plain.json $W/vb32.json)"
-grep -E "^\*\*Verdict|^- Calls" $W/vb32/report.md | cut -c1-700
 step "two_contexts.cu"
 nvcc -o /tmp/two_contexts tests/gpu/two_contexts.cu -lcublas -lcuda 2>&1 | grep -v Warning | tail -3
 /tmp/two_contexts > $W/tc_plain.txt
 quantshadow run --label tc --out $W/tc -- /tmp/two_contexts > $W/tc.txt 2>/dev/null
 echo "rc $?"; diff $W/tc_plain.txt <(grep -E '^(primary|own|two_)' $W/tc.txt) && echo "digests identical"
 grep -E "^- Calls" $W/tc/report.md | cut -c1-500
-step "capture_event_order.py"
-python3 tests/gpu/capture_event_order.py $W/ceo_plain.json > /dev/null
-quantshadow run --mode sketch --sample all --label ceo --out $W/ceo -- python3 tests/gpu/capture_event_order.py $W/ceo.json > $W/ceo.txt 2>&1
-echo "ceo rc $?; outputs $(same $W/ceo_plain.json $W/ceo.json)"; grep -E "^- Calls" $W/ceo/report.md
-cp $W/mcs_40-32-all/report.md $OUT/mcs_40-32-all.md 2>/dev/null
 # Where the eager prefill's +9-10% goes: the same checks with fewer sampled rows (same launches
 # and host path, far less GPU work per check). Small Llama, sketch all, 300 x 2 trials each.
 ab() { env LD_PRELOAD=$PWD/.gpu/main/libquantshadow.so QUANTSHADOW_MODE=sketch QUANTSHADOW_SAMPLE=all QUANTSHADOW_LOG=warn "$@" 2>$W/ab_err.txt | grep '^{' | cut -c1-260 || tail -3 $W/ab_err.txt; }
@@ -46,4 +36,14 @@ step "prefill A/B: sketch rows 256 (default), 16, 256"
 ab timeout 120 python3 tests/gpu/ab_pause.py "rows256 r1" --llama small --trials 300 --passes 2
 QUANTSHADOW_SKETCH_ROWS=16 ab timeout 120 python3 tests/gpu/ab_pause.py "rows16" --llama small --trials 300 --passes 2
 ab timeout 120 python3 tests/gpu/ab_pause.py "rows256 r2" --llama small --trials 300 --passes 2
+step "varied_batch.py with a 32 MiB pool (eager sizes past the pool's room: gates only)"
+python3 tests/gpu/varied_batch.py $W/vb_plain.json > /dev/null; echo "plain rc $?"
+QUANTSHADOW_POOL_MB=32 quantshadow run --mode sketch --sample all --label varied-batch-32 --out $W/vb32 -- python3 tests/gpu/varied_batch.py $W/vb32.json > $W/vb32.txt 2>&1
+echo "rc $?; outputs $(same $W/vb_plain.json $W/vb32.json)"
+grep -E "^\*\*Verdict|^- Calls" $W/vb32/report.md | cut -c1-700
+step "capture_event_order.py"
+python3 tests/gpu/capture_event_order.py $W/ceo_plain.json > /dev/null
+quantshadow run --mode sketch --sample all --label ceo --out $W/ceo -- python3 tests/gpu/capture_event_order.py $W/ceo.json > $W/ceo.txt 2>&1
+echo "ceo rc $?; outputs $(same $W/ceo_plain.json $W/ceo.json)"; grep -E "^- Calls" $W/ceo/report.md
+cp $W/mcs_40-32-all/report.md $OUT/mcs_40-32-all.md 2>/dev/null
 step end
