@@ -45,5 +45,12 @@ step "capture_event_order.py"
 python3 tests/gpu/capture_event_order.py $W/ceo_plain.json > /dev/null
 quantshadow run --mode sketch --sample all --label ceo --out $W/ceo -- python3 tests/gpu/capture_event_order.py $W/ceo.json > $W/ceo.txt 2>&1
 echo "ceo rc $?; outputs $(same $W/ceo_plain.json $W/ceo.json)"; grep -E "^- Calls" $W/ceo/report.md
+step "eager_attention.py: activation-B GEMMs of a new shape at every decode step (site growth)"
+python3 tests/gpu/eager_attention.py $W/ea_plain.json; echo "plain rc $?"
+quantshadow run --mode sketch --sample all --label eager-attention --out $W/ea -- python3 tests/gpu/eager_attention.py $W/ea.json > $W/ea.txt 2>&1
+echo "rc $?; tokens $(same $W/ea_plain.json $W/ea.json)"
+grep -E "^\*\*Verdict|^- Calls|^\| \`eager-attention" $W/ea/report.md | cut -c1-700
+grep -c "cublasGemmStridedBatchedEx" $W/ea/report.md
+cp $W/ea/report.md $OUT/ea_report.md 2>/dev/null
 cp $W/mcs_40-32-all/report.md $OUT/mcs_40-32-all.md 2>/dev/null
 step end
